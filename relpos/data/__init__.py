@@ -1,0 +1,1 @@
+"""Datasets (TFDS builders), tokenizer and the grain input pipeline."""

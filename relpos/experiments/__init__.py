@@ -1,0 +1,1 @@
+"""Running tables of (row, seed) experiments, collecting results, tables and plots."""

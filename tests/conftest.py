@@ -1,0 +1,5 @@
+"""Shared pytest setup: tests run on CPU with 4 host devices for multi-device checks."""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
