@@ -1,0 +1,93 @@
+"""Default config: the synthetic translation task with a small model sized for 2 CPU cores.
+
+Every field below can be overridden on the command line, e.g.
+`--config.model.max_relative_position=8`. Validation happens once at start
+(`relpos.config_validation.validate`), naming the field and the allowed values.
+"""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the default (synthetic task, CPU-sized, `rel_kv`) configuration."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # --- data -----------------------------------------------------------------
+  task = config.task = ml_collections.ConfigDict()
+  task.name = "synthetic"  # synthetic | multi30k | wmt14
+  task.tfds_data_dir = ""  # "" -> $RELPOS_DATA_DIR or ~/tensorflow_datasets
+  task.source_lang = "en"
+  task.target_lang = "de"
+  task.manual_dir = ""  # multi30k: folder holding the raw .gz files
+  task.download_url = ""  # multi30k: URL base for downloads ("" -> public repo)
+  task.vocab_size = 256  # SentencePiece vocabulary (source and target shared)
+  task.spm_model_type = "unigram"  # unigram | bpe | word | char
+  task.max_length = 48  # training: tokens per sequence (filter or truncate)
+  task.overlong = "filter"  # filter | truncate (training only; eval never drops)
+  task.packing = True  # True: pack examples; False: length bucketing
+  task.shuffle_buffer_seed = 0  # folded with config.seed
+  synthetic = task.synthetic = ml_collections.ConfigDict()
+  synthetic.seed = 1234
+  synthetic.num_train = 20000
+  synthetic.num_validation = 500
+  synthetic.num_test = 500
+  synthetic.num_test_long = 500
+  synthetic.min_words = 3  # train/validation/test source length range (words)
+  synthetic.max_words = 12
+  synthetic.long_min_words = 13  # test_long source length range (words)
+  synthetic.long_max_words = 24
+
+  # --- model ----------------------------------------------------------------
+  model = config.model = ml_collections.ConfigDict()
+  model.emb_dim = 64
+  model.num_heads = 4
+  model.qkv_dim = 64
+  model.mlp_dim = 128
+  model.num_encoder_layers = 2
+  model.num_decoder_layers = 2
+  model.dropout_rate = 0.1
+  model.attention_dropout_rate = 0.0
+  model.pre_layer_norm = True
+  model.share_embeddings = True  # source and target embeddings (shared vocab)
+  model.logits_via_embedding = True
+  model.max_len = 256  # longest sequence (absolute tables, decode cache)
+  # Position information: absolute | relative | t5 | rope | alibi | none.
+  model.position = "relative"
+  model.absolute_type = "sinusoidal"  # sinusoidal | learned
+  model.add_absolute = False  # relative + absolute encodings (row abs_rel_kv)
+  model.max_relative_position = 16  # k: distances clipped to [-k, k]
+  model.relative_key = True  # a^K
+  model.relative_value = True  # a^V
+  model.relative_per_head = False  # tables shared across heads by default
+  model.relative_shared_across_layers = False  # one table per layer by default
+  model.t5_num_buckets = 32
+  model.t5_max_distance = 128
+  model.t5_shared_across_layers = True
+  model.rope_base = 10000.0
+
+  # --- training -------------------------------------------------------------
+  train = config.train = ml_collections.ConfigDict()
+  train.batch_size = 64  # global, sequences of task.max_length tokens
+  train.num_steps = 1500
+  train.learning_rate = 0.002  # peak, reached after warmup_steps
+  train.warmup_steps = 200
+  train.adam_b1 = 0.9
+  train.adam_b2 = 0.98
+  train.adam_eps = 1e-9
+  train.weight_decay = 0.0
+  train.label_smoothing = 0.1
+  train.grad_clip_norm = 0.0  # 0: no clipping
+  train.nonfinite = "raise"  # raise | skip
+  train.log_every_steps = 50
+  train.eval_every_steps = 500
+  train.checkpoint_every_steps = 500
+  train.keep_checkpoints = 2
+  train.eval_batch_size = 64
+
+  # --- decoding -------------------------------------------------------------
+  decode = config.decode = ml_collections.ConfigDict()
+  decode.beam_size = 4
+  decode.alpha = 0.6
+  decode.max_decode_len = 0  # 0 -> 2 * source length + 10, capped at model.max_len
+  decode.validation_bleu = True  # beam-search BLEU at each periodic evaluation
+  return config
