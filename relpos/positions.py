@@ -1,0 +1,187 @@
+"""Pure position functions: relative distances, clipping, T5 buckets, sinusoids, RoPE, ALiBi.
+
+Everything here is a pure function of integer positions (and, for RoPE, the vectors to rotate).
+Relative positions always follow the design contract: key position minus query position, j - i.
+"""
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def relative_positions(query_positions: jnp.ndarray, key_positions: jnp.ndarray) -> jnp.ndarray:
+  """Relative position of every key seen from every query.
+
+  Args:
+    query_positions: integer array [..., q_len].
+    key_positions: integer array [..., kv_len]; leading dims broadcast against the query's.
+
+  Returns:
+    Integer array [..., q_len, kv_len] holding key_positions[j] - query_positions[i].
+  """
+  query_positions = jnp.asarray(query_positions)
+  key_positions = jnp.asarray(key_positions)
+  return key_positions[..., None, :] - query_positions[..., :, None]
+
+
+def clipped_relative_position_index(query_positions: jnp.ndarray, key_positions: jnp.ndarray,
+                                    max_distance: int) -> jnp.ndarray:
+  """Row index into a (2k+1)-row relative table (Shaw et al. 2018, eq. 5).
+
+  Args:
+    query_positions: integer array [..., q_len].
+    key_positions: integer array [..., kv_len].
+    max_distance: the clipping distance k >= 0.
+
+  Returns:
+    int32 array [..., q_len, kv_len] in [0, 2k]: clip(j - i, -k, k) + k.
+
+  Raises:
+    ValueError: if max_distance is negative.
+  """
+  if max_distance < 0:
+    raise ValueError(f"max_distance must be >= 0, got {max_distance}.")
+  distance = relative_positions(query_positions, key_positions)
+  return (jnp.clip(distance, -max_distance, max_distance) + max_distance).astype(jnp.int32)
+
+
+def t5_relative_position_bucket(relative_position: jnp.ndarray, *, bidirectional: bool = True,
+                                num_buckets: int = 32, max_distance: int = 128) -> jnp.ndarray:
+  """The T5 mapping from relative positions to logarithmic buckets (Raffel et al. 2020).
+
+  Half of the buckets (after splitting by direction when bidirectional) hold exact distances;
+  the rest grow logarithmically up to `max_distance`, beyond which everything shares the last
+  bucket. Matches mesh-tensorflow / HF T5 `_relative_position_bucket`.
+
+  Args:
+    relative_position: integer array of any shape: key position minus query position (j - i).
+    bidirectional: if True, keys after the query (j > i) get their own half of the buckets;
+      if False (causal), every j >= i falls in bucket 0.
+    num_buckets: the number of buckets.
+    max_distance: distances at or beyond this share the last bucket of their direction.
+
+  Returns:
+    int32 array of the same shape with bucket ids in [0, num_buckets).
+
+  Raises:
+    ValueError: if num_buckets is too small for the direction split, or max_distance is not
+      above the exact range.
+  """
+  exact_buckets = num_buckets // 2 if bidirectional else num_buckets
+  max_exact = exact_buckets // 2
+  if max_exact < 1:
+    raise ValueError(f"num_buckets={num_buckets} is too small (bidirectional={bidirectional}); "
+                     f"need at least {4 if bidirectional else 2}.")
+  if max_distance <= max_exact:
+    raise ValueError(f"max_distance={max_distance} must exceed the exact range {max_exact} "
+                     f"(num_buckets={num_buckets}, bidirectional={bidirectional}).")
+  relative_position = jnp.asarray(relative_position).astype(jnp.int32)
+  if bidirectional:
+    offset = jnp.where(relative_position > 0, exact_buckets, 0)
+    distance = jnp.abs(relative_position)
+  else:
+    offset = 0
+    distance = jnp.maximum(-relative_position, 0)
+  # log is only used where distance >= max_exact >= 1; the maximum keeps log finite elsewhere.
+  scaled = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
+            / math.log(max_distance / max_exact) * (exact_buckets - max_exact))
+  large = jnp.minimum(max_exact + scaled.astype(jnp.int32), exact_buckets - 1)
+  return (offset + jnp.where(distance < max_exact, distance, large)).astype(jnp.int32)
+
+
+def sinusoidal_position_encoding(positions: jnp.ndarray, dim: int,
+                                 max_timescale: float = 10000.0) -> jnp.ndarray:
+  """Sinusoidal encodings of Vaswani et al. (2017): sin on the first half, cos on the second.
+
+  Channel c < dim/2 is sin(p / max_timescale**(2c/dim)), channel dim/2 + c the matching cos
+  (the concatenated layout of tensor2tensor and flax examples/wmt).
+
+  Args:
+    positions: integer or float array [..., n].
+    dim: encoding width (even).
+    max_timescale: the longest wavelength scale (10000 in the paper).
+
+  Returns:
+    float32 array [..., n, dim].
+
+  Raises:
+    ValueError: if dim is not a positive even number.
+  """
+  if dim <= 0 or dim % 2:
+    raise ValueError(f"dim must be a positive even number, got {dim}.")
+  inv_timescales = max_timescale ** (-np.arange(0, dim, 2, dtype=np.float32) / dim)
+  angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_timescales
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:
+  """Rotary position embedding (Su et al. 2021), rotate-half layout.
+
+  Channel c and c + d/2 form a pair rotated by angle positions * base**(-2c/d), so the dot
+  product of a rotated query at m and a rotated key at n depends on m - n only.
+
+  Args:
+    x: array [batch, n, heads, depth] with even depth.
+    positions: integer array [batch, n] (or broadcastable, e.g. [1, n]).
+    base: the RoPE base.
+
+  Returns:
+    Array of x's shape and dtype (computed in float32).
+
+  Raises:
+    ValueError: if depth is odd.
+  """
+  depth = x.shape[-1]
+  if depth % 2:
+    raise ValueError(f"apply_rope needs an even depth, got x.shape={x.shape}.")
+  inv_freq = base ** (-np.arange(0, depth, 2, dtype=np.float32) / depth)
+  angles = jnp.asarray(positions, jnp.float32)[..., None, None] * inv_freq  # [b, n, 1, d/2]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+  return rotated.astype(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> jnp.ndarray:
+  """Per-head ALiBi slopes (Press et al. 2022), including their rule for non-powers of 2.
+
+  For n = 2^m heads the slopes are the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^-8.
+  Otherwise the slopes for the closest smaller power of two are followed by every other slope
+  of twice that power.
+
+  Args:
+    num_heads: number of heads (>= 1).
+
+  Returns:
+    float32 array [num_heads].
+
+  Raises:
+    ValueError: if num_heads < 1.
+  """
+  if num_heads < 1:
+    raise ValueError(f"num_heads must be >= 1, got {num_heads}.")
+
+  def power_of_two_slopes(n: int) -> np.ndarray:
+    return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+
+  closest = 2 ** int(math.floor(math.log2(num_heads)))
+  slopes = power_of_two_slopes(closest)
+  if closest != num_heads:
+    slopes = np.concatenate([slopes, power_of_two_slopes(2 * closest)[0::2][:num_heads - closest]])
+  return jnp.asarray(slopes, jnp.float32)
+
+
+def alibi_bias(query_positions: jnp.ndarray, key_positions: jnp.ndarray,
+               slopes: jnp.ndarray) -> jnp.ndarray:
+  """Symmetric ALiBi bias -slope * |j - i| (causality is left to the attention mask).
+
+  Args:
+    query_positions: integer array [batch, q_len].
+    key_positions: integer array [batch, kv_len].
+    slopes: float array [heads].
+
+  Returns:
+    float32 array [batch, heads, q_len, kv_len].
+  """
+  distance = jnp.abs(relative_positions(query_positions, key_positions)).astype(jnp.float32)
+  return -jnp.asarray(slopes, jnp.float32)[:, None, None] * distance[:, None]
