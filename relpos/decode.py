@@ -1,0 +1,241 @@
+"""Beam search and greedy search over a cached decoder, and `translate` for a Transformer.
+
+Both searches drive a `tokens_to_logits(tokens, step, cache) -> (logits, cache)` function:
+`tokens` [n] holds the previous token of every hypothesis (0 at step 0), `step` is the int32
+position of the token being predicted, and every leaf of `cache` has leading dimension n. The
+output token of step t is written at position t, so a sequence holds its tokens, then eos, then
+padding 0.
+
+Beam search follows tensor2tensor / flax examples/wmt: it keeps the `beam_size` best live
+hypotheses and the `beam_size` best finished ones, scores a finished hypothesis of L tokens
+(eos included) by log_prob / ((5 + L) / 6) ** alpha (GNMT length penalty), and stops as soon as
+no live hypothesis can beat the worst finished one. A hypothesis that reaches max_decode_len
+without eos is finished there with L = max_decode_len.
+"""
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+
+
+def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:
+  """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016)."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def _gather_beams(x: jax.Array, indices: jax.Array) -> jax.Array:
+  """Picks beams: x [batch, beams, ...], indices [batch, new_beams] -> [batch, new_beams, ...]."""
+  return jax.vmap(lambda beams, index: beams[index])(x, indices)
+
+
+def _gather_cache(cache: Any, indices: jax.Array) -> Any:
+  """Reorders cache leaves [batch * beams, ...] by indices [batch, new_beams]."""
+  batch, new_beams = indices.shape
+
+  def gather(leaf: jax.Array) -> jax.Array:
+    beams = leaf.reshape(batch, -1, *leaf.shape[1:])
+    return _gather_beams(beams, indices).reshape(batch * new_beams, *leaf.shape[1:])
+
+  return jax.tree.map(gather, cache)
+
+
+def _previous_tokens(sequences: jax.Array, step: jax.Array) -> jax.Array:
+  """The token before `step` of sequences [..., length] (0 at step 0): [...]."""
+  previous = jax.lax.dynamic_index_in_dim(sequences, jnp.maximum(step - 1, 0), axis=-1,
+                                          keepdims=False)
+  return jnp.where(step > 0, previous, 0)
+
+
+class _BeamState(NamedTuple):
+  """Loop state of `beam_search` (b = batch, k = beam_size, L = max_decode_len)."""
+  step: jax.Array  # int32 scalar: the position decoded next.
+  alive_sequences: jax.Array  # int32 [b, k, L], best first.
+  alive_log_probs: jax.Array  # float32 [b, k]; -inf marks an empty slot.
+  finished_sequences: jax.Array  # int32 [b, k, L], best first.
+  finished_scores: jax.Array  # float32 [b, k]; -inf marks an empty slot.
+  cache: Any  # leaves [b * k, ...], aligned with alive_sequences.
+
+
+def _check_search_args(batch_size: int, max_decode_len: int) -> None:
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  if max_decode_len < 1:
+    raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}.")
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
+                beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
+                max_decode_len: int) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty and early stopping.
+
+  Args:
+    tokens_to_logits: (tokens [n] int32, step int32 scalar, cache) -> (logits [n, vocab], cache),
+      with n = batch_size * beam_size (row r is batch r // beam_size).
+    cache: initial decoder cache, leaves [n, ...].
+    batch_size: number of inputs b.
+    beam_size: hypotheses kept per input (>= 1).
+    alpha: length penalty exponent (>= 0; 0 ranks by log-probability alone).
+    eos_id: end-of-sequence token.
+    max_decode_len: L, the most tokens per hypothesis (eos included).
+
+  Returns:
+    sequences: int32 [batch, beam_size, L], eos-terminated (unless L was reached) and padded
+      with 0, best first.
+    scores: float32 [batch, beam_size], log_prob / length_penalty, descending; -inf (with an
+      all-zero sequence) where fewer than beam_size hypotheses exist.
+
+  Raises:
+    ValueError: on beam_size, batch_size or max_decode_len < 1, or alpha < 0.
+  """
+  _check_search_args(batch_size, max_decode_len)
+  if beam_size < 1:
+    raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
+  if alpha < 0:
+    raise ValueError(f"alpha must be >= 0 (early stopping needs a penalty that grows with "
+                     f"length), got {alpha}.")
+  shape = (batch_size, beam_size)
+  sequences = jnp.zeros((*shape, max_decode_len), jnp.int32)
+  no_scores = jnp.full(shape, -jnp.inf, jnp.float32)
+  # Only beam 0 is live at the start, so the first step expands one hypothesis per input.
+  state = _BeamState(step=jnp.array(0, jnp.int32), alive_sequences=sequences,
+                     alive_log_probs=no_scores.at[:, 0].set(0.0), finished_sequences=sequences,
+                     finished_scores=no_scores, cache=cache)
+  best_possible_penalty = length_penalty(max_decode_len, alpha)
+
+  def not_done(state: _BeamState) -> jax.Array:
+    # Log-probabilities only fall and the penalty only grows, so a live hypothesis scores at
+    # most its log-probability over the penalty of the longest length.
+    best_live = state.alive_log_probs[:, 0] / best_possible_penalty
+    can_improve = jnp.any(best_live > state.finished_scores[:, -1])
+    return (state.step < max_decode_len) & can_improve
+
+  def expand(state: _BeamState) -> _BeamState:
+    step = state.step
+    tokens = _previous_tokens(state.alive_sequences, step).reshape(-1)
+    logits, cache = tokens_to_logits(tokens, step, state.cache)
+    vocab_size = logits.shape[-1]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(*shape, vocab_size)
+    candidates = (state.alive_log_probs[..., None] + log_probs).reshape(batch_size, -1)
+    # 2k candidates always hold k that do not end here (at most k of them end with eos).
+    top_log_probs, top_index = jax.lax.top_k(candidates, 2 * beam_size)
+    top_beam, top_token = top_index // vocab_size, top_index % vocab_size
+    top_sequences = _gather_beams(state.alive_sequences, top_beam).at[:, :, step].set(top_token)
+    ends = (top_token == eos_id) | (step == max_decode_len - 1)
+
+    alive_log_probs, alive_pick = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs),
+                                                beam_size)
+    new_scores = jnp.where(ends, top_log_probs / length_penalty(step + 1, alpha), -jnp.inf)
+    finished_scores, finished_pick = jax.lax.top_k(
+        jnp.concatenate([state.finished_scores, new_scores], axis=1), beam_size)
+    finished_sequences = _gather_beams(
+        jnp.concatenate([state.finished_sequences, top_sequences], axis=1), finished_pick)
+    return _BeamState(step=step + 1,
+                      alive_sequences=_gather_beams(top_sequences, alive_pick),
+                      alive_log_probs=alive_log_probs, finished_sequences=finished_sequences,
+                      finished_scores=finished_scores,
+                      cache=_gather_cache(cache, _gather_beams(top_beam, alive_pick)))
+
+  state = jax.lax.while_loop(not_done, expand, state)
+  valid = state.finished_scores > -jnp.inf
+  return jnp.where(valid[..., None], state.finished_sequences, 0), state.finished_scores
+
+
+class _GreedyState(NamedTuple):
+  """Loop state of `greedy_search`."""
+  step: jax.Array  # int32 scalar.
+  sequences: jax.Array  # int32 [batch, L].
+  finished: jax.Array  # bool [batch]: eos emitted.
+  cache: Any
+
+
+def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
+                  eos_id: int = 1, max_decode_len: int) -> jax.Array:
+  """Greedy decoding: the argmax token at every step until eos (or max_decode_len).
+
+  Args:
+    tokens_to_logits: (tokens [batch] int32, step int32 scalar, cache) ->
+      (logits [batch, vocab], cache).
+    cache: initial decoder cache, leaves [batch, ...].
+    batch_size: number of inputs.
+    eos_id: end-of-sequence token.
+    max_decode_len: L, the most tokens per sequence (eos included).
+
+  Returns:
+    int32 [batch, L]: tokens up to and including eos, then 0.
+
+  Raises:
+    ValueError: on batch_size or max_decode_len < 1.
+  """
+  _check_search_args(batch_size, max_decode_len)
+  state = _GreedyState(step=jnp.array(0, jnp.int32),
+                       sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
+                       finished=jnp.zeros((batch_size,), bool), cache=cache)
+
+  def not_done(state: _GreedyState) -> jax.Array:
+    return (state.step < max_decode_len) & ~jnp.all(state.finished)
+
+  def step_fn(state: _GreedyState) -> _GreedyState:
+    tokens = _previous_tokens(state.sequences, state.step)
+    logits, cache = tokens_to_logits(tokens, state.step, state.cache)
+    next_tokens = jnp.where(state.finished, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    return _GreedyState(step=state.step + 1,
+                        sequences=state.sequences.at[:, state.step].set(next_tokens),
+                        finished=state.finished | (next_tokens == eos_id), cache=cache)
+
+  return jax.lax.while_loop(not_done, step_fn, state).sequences
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "alpha", "max_decode_len",
+                                             "eos_id"))
+def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, beam_size: int,
+               alpha: float, max_decode_len: int, eos_id: int) -> jax.Array:
+  """Jitted body of `translate` (the model travels as graphdef + state)."""
+  model = nnx.merge(graphdef, state)
+  batch_size = inputs.shape[0]
+  tile = functools.partial(jnp.repeat, repeats=beam_size, axis=0)
+  encoded, inputs = tile(model.encode(inputs)), tile(inputs)
+
+  def tokens_to_logits(tokens: jax.Array, step: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+    return model.decode_step(encoded, inputs, tokens, step, cache)
+
+  cache = model.init_cache(batch_size * beam_size, max_decode_len)
+  if beam_size == 1:
+    return greedy_search(tokens_to_logits, cache, batch_size=batch_size, eos_id=eos_id,
+                         max_decode_len=max_decode_len)
+  sequences, _ = beam_search(tokens_to_logits, cache, batch_size=batch_size,
+                             beam_size=beam_size, alpha=alpha, eos_id=eos_id,
+                             max_decode_len=max_decode_len)
+  return sequences[:, 0]
+
+
+def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha: float = 0.6,
+              max_decode_len: int, eos_id: int = 1) -> jax.Array:
+  """Encodes `inputs` once and decodes them with the cached decoder of `model`.
+
+  Compiled once per (model structure, input shape, search settings); later batches of the same
+  shape reuse the compiled search.
+
+  Args:
+    model: a `relpos.model.Transformer` (needs encode, init_cache and decode_step).
+    inputs: int32 [batch, src_len] source tokens, 0 = padding.
+    beam_size: beams per input; 1 decodes greedily.
+    alpha: GNMT length penalty exponent (beam search only).
+    max_decode_len: the most output tokens per sentence (eos included).
+    eos_id: end-of-sequence token.
+
+  Returns:
+    int32 [batch, max_decode_len]: the best hypothesis per input, eos-terminated (unless
+    max_decode_len was reached) and padded with 0.
+
+  Raises:
+    ValueError: on beam_size or max_decode_len < 1 or alpha < 0.
+  """
+  if beam_size < 1:
+    raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
+  graphdef, state = nnx.split(model)
+  return _translate(graphdef, state, jnp.asarray(inputs, jnp.int32), beam_size=beam_size,
+                    alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id)

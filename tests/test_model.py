@@ -1,0 +1,240 @@
+"""Tests for relpos.model (every position variant) and relpos.decode.translate.
+
+Tiny models (emb 16, 2 heads, 2 + 2 layers, vocab 20) run eagerly, so each shape compiles once
+per primitive and the variants share those compilations.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from configs import default
+from relpos import decode
+from relpos import model as model_lib
+
+VOCAB = 20
+EOS = 1
+TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_encoder_layers": 2,
+        "num_decoder_layers": 2, "max_len": 32, "max_relative_position": 2,
+        "t5_num_buckets": 8, "t5_max_distance": 12}
+VARIANTS = {
+    "absolute_sinusoidal": {"position": "absolute"},
+    "absolute_learned": {"position": "absolute", "absolute_type": "learned"},
+    "relative_kv": {"position": "relative"},
+    "relative_k": {"position": "relative", "relative_value": False},
+    "relative_v": {"position": "relative", "relative_key": False},
+    "relative_per_head": {"position": "relative", "relative_per_head": True},
+    "relative_shared_layers": {"position": "relative", "relative_shared_across_layers": True},
+    "abs_relative": {"position": "relative", "add_absolute": True},
+    "relative_post_ln_unshared": {"position": "relative", "pre_layer_norm": False,
+                                  "share_embeddings": False, "logits_via_embedding": False},
+    "t5": {"position": "t5"},
+    "t5_per_layer": {"position": "t5", "t5_shared_across_layers": False},
+    "rope": {"position": "rope"},
+    "alibi": {"position": "alibi"},
+    "none": {"position": "none"},
+}
+ATOL = 2e-5
+
+# Two source / target pairs; row 0 pads inputs and targets.
+INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
+TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
+
+
+def make_config(**overrides) -> model_lib.TransformerConfig:
+  model_cfg = default.get_config().model
+  model_cfg.update({**TINY, **overrides})
+  return model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
+
+
+def make_model(seed: int = 0, **overrides) -> model_lib.Transformer:
+  return model_lib.Transformer(make_config(**overrides), rngs=nnx.Rngs(seed))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cached_decoding_equals_full_forward(variant):
+  model = make_model(**VARIANTS[variant])
+  full = model(INPUTS, TARGETS)
+  encoded = model.encode(INPUTS)
+  cache = model.init_cache(2, 7)  # longer than the targets: later slots must stay masked.
+  previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
+  steps = []
+  for step in range(TARGETS.shape[1]):
+    logits, cache = model.decode_step(encoded, INPUTS, previous[:, step], step, cache)
+    steps.append(logits)
+  real = TARGETS != 0  # padded target positions see padding, unlike decoding.
+  np.testing.assert_allclose(np.stack(steps, 1)[real], np.asarray(full)[real], atol=ATOL)
+
+
+def pack(rows: list[list[np.ndarray]], length: int) -> tuple[np.ndarray, ...]:
+  """Packs each row's sentences: (tokens, positions, segment ids), each int32 [rows, length]."""
+  tokens, positions, segments = (np.zeros((len(rows), length), np.int32) for _ in range(3))
+  for row, sentences in enumerate(rows):
+    start = 0
+    for segment, sentence in enumerate(sentences, 1):
+      end = start + len(sentence)
+      tokens[row, start:end], positions[row, start:end] = sentence, np.arange(len(sentence))
+      segments[row, start:end] = segment
+      start = end
+  return tokens, positions, segments
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_packed_equals_unpacked(variant):
+  model = make_model(**VARIANTS[variant])
+  sources = [np.array([3, 1]), np.array([5, 6, 1])]
+  targets = [np.array([8, 9, 1]), np.array([10, 1])]
+  # Row 0 packs pairs (0, 1), row 1 packs (1, 0); the same shapes as INPUTS / TARGETS.
+  inputs, inputs_positions, inputs_segmentation = pack([sources, sources[::-1]], 6)
+  packed_targets, targets_positions, targets_segmentation = pack([targets, targets[::-1]], 5)
+  packed = model(inputs, packed_targets, inputs_positions=inputs_positions,
+                 targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
+                 targets_segmentation=targets_segmentation)
+  alone = model(pack([[s] for s in sources], 6)[0], pack([[t] for t in targets], 5)[0])
+  for row, order in enumerate([(0, 1), (1, 0)]):
+    start = 0
+    for pair in order:
+      length = len(targets[pair])
+      np.testing.assert_allclose(packed[row, start:start + length], alone[pair, :length],
+                                 atol=ATOL)
+      start += length
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_encoder_shift_invariance(variant):
+  model = make_model(**VARIANTS[variant])
+  positions = np.arange(INPUTS.shape[1])[None] + np.zeros_like(INPUTS)
+  reference = model.encode(INPUTS, inputs_positions=positions)
+  shifted = model.encode(INPUTS, inputs_positions=positions + 7)
+  if model.config.uses_absolute:
+    assert np.abs(shifted - reference).max() > 1e-2
+  else:
+    np.testing.assert_allclose(shifted, reference, atol=ATOL)
+
+
+def parameter_sizes(model: nnx.Module, name: str) -> list[int]:
+  """Sizes of the parameters called `name` (shared instances counted once)."""
+  return [variable[...].size for path, variable in nnx.state(model, nnx.Param).flat_state()
+          if path[-1] == name]
+
+
+@pytest.mark.parametrize("overrides, per_table, tables, value_tables", [
+    ({}, (2 * 3 + 1) * 8, 4, 4),
+    ({"max_relative_position": 0}, 1 * 8, 4, 4),
+    ({"relative_per_head": True}, 2 * (2 * 3 + 1) * 8, 4, 4),
+    ({"relative_shared_across_layers": True}, (2 * 3 + 1) * 8, 1, 1),
+    ({"relative_value": False}, (2 * 3 + 1) * 8, 4, 0),
+])
+def test_relative_table_parameter_counts(overrides, per_table, tables, value_tables):
+  # depth = qkv_dim / heads = 8; 2 encoder + 2 decoder self-attention layers.
+  model = make_model(**{"position": "relative", "max_relative_position": 3, **overrides})
+  assert parameter_sizes(model, "rel_key") == [per_table] * tables
+  assert parameter_sizes(model, "rel_value") == [per_table] * value_tables
+
+
+@pytest.mark.parametrize("shared, tables", [(True, 2), (False, 4)])
+def test_t5_bias_parameter_counts(shared, tables):
+  model = make_model(position="t5", t5_shared_across_layers=shared)
+  assert parameter_sizes(model, "embedding") == [VOCAB * 16] + [8 * 2] * tables
+  encoder_bias = model.encoder.layers[0].self_attention.t5_bias
+  decoder_bias = model.decoder.layers[0].self_attention.t5_bias
+  assert encoder_bias.bidirectional and not decoder_bias.bidirectional
+  assert (model.encoder.layers[1].self_attention.t5_bias is encoder_bias) == shared
+  assert (model.decoder.layers[1].self_attention.t5_bias is decoder_bias) == shared
+
+
+def test_cross_attention_has_no_position_terms():
+  model = make_model(position="relative")
+  for layer in model.decoder.layers:
+    assert layer.cross_attention.position == "none"
+    assert layer.cross_attention.relative_tables is None
+    assert layer.self_attention.position == "relative"
+
+
+def test_dropout_only_in_training():
+  model = make_model(position="relative", dropout_rate=0.3)
+  eval_logits = model(INPUTS, TARGETS)
+  np.testing.assert_array_equal(eval_logits, model(INPUTS, TARGETS))
+  first = model(INPUTS, TARGETS, deterministic=False)
+  second = model(INPUTS, TARGETS, deterministic=False)
+  assert np.abs(first - second).max() > 1e-3 and np.abs(first - eval_logits).max() > 1e-3
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"position": "sinusoid"}, r"model\.position='sinusoid'.*'relative'"),
+    ({"absolute_type": "fixed"}, r"model\.absolute_type='fixed'.*'sinusoidal', 'learned'"),
+    ({"max_relative_position": -1}, r"model\.max_relative_position=-1.*integer >= 0"),
+    ({"num_heads": 3}, r"model\.num_heads=3.*divisor of model\.qkv_dim=16"),
+    ({"position": "relative", "relative_key": False, "relative_value": False},
+     r"model\.relative_key=False.*relative_value"),
+    ({"position": "t5", "add_absolute": True}, r"model\.add_absolute=True.*'relative'"),
+    ({"dropout_rate": 1.0}, r"model\.dropout_rate=1\.0.*\[0, 1\)"),
+    ({"emb_dim": 0}, r"model\.emb_dim=0.*integer >= 1"),
+    ({"num_encoder_layers": 1.5}, r"model\.num_encoder_layers=1\.5.*integer >= 1"),
+    ({"relative_per_head": "yes"}, r"model\.relative_per_head='yes'.*True or False"),
+    ({"position": "absolute", "emb_dim": 15, "qkv_dim": 16}, r"model\.emb_dim=15.*even"),
+    ({"position": "rope", "qkv_dim": 6}, r"model\.qkv_dim=6.*multiple of 2 \* model\.num_heads"),
+    ({"position": "t5", "t5_num_buckets": 2}, r"model\.t5_num_buckets=2.*>= 4"),
+    ({"position": "t5", "t5_max_distance": 4}, r"model\.t5_max_distance=4.*> .*= 4"),
+])
+def test_invalid_config_raises(overrides, message):
+  valid = make_config()
+  with pytest.raises(ValueError, match=message):
+    dataclasses.replace(valid, **overrides)
+
+
+def test_from_config_rejects_missing_and_unknown_fields():
+  model_cfg = default.get_config().model
+  del model_cfg["rope_base"]
+  model_cfg.relative_heads = 2
+  with pytest.raises(ValueError, match=r"missing fields \['rope_base'\].*unknown fields "
+                                       r"\['relative_heads'\]"):
+    model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
+
+
+def test_default_config_builds():
+  config = model_lib.TransformerConfig.from_config(default.get_config().model, 256)
+  assert config.position == "relative" and config.head_dim == 16
+
+
+def uncached_search(model, inputs, beam_size, max_decode_len):
+  """Reference decoding: beam / greedy search whose every step runs the full forward pass."""
+  tiled = jnp.repeat(inputs, beam_size, axis=0)
+
+  def tokens_to_logits(tokens, step, targets):
+    targets = jax.lax.dynamic_update_slice(targets, tokens[:, None], (0, jnp.maximum(step - 1, 0)))
+    logits = model(tiled, targets, targets_segmentation=jnp.ones_like(targets))
+    return jax.lax.dynamic_index_in_dim(logits, step, axis=1, keepdims=False), targets
+
+  targets = jnp.zeros((tiled.shape[0], max_decode_len), jnp.int32)
+  if beam_size == 1:
+    return decode.greedy_search(tokens_to_logits, targets, batch_size=inputs.shape[0],
+                                max_decode_len=max_decode_len)
+  sequences, _ = decode.beam_search(tokens_to_logits, targets, batch_size=inputs.shape[0],
+                                    beam_size=beam_size, max_decode_len=max_decode_len)
+  return sequences[:, 0]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_translate_equals_uncached_search(beam_size):
+  model = make_model(position="relative", num_encoder_layers=1, logits_via_embedding=False)
+  # A slight eos preference so that some outputs end early (eos, then padding).
+  model.decoder.logits.bias[...] = jnp.zeros(VOCAB).at[EOS].set(-0.75)
+  inputs = jnp.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0], [9, 10, 11, 12, 13, 1]])
+  tokens = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8)
+  assert tokens.shape == (3, 8) and tokens.dtype == jnp.int32
+  np.testing.assert_array_equal(tokens, uncached_search(model, inputs, beam_size, 8))
+  ended = 0
+  for row in np.asarray(tokens):
+    if EOS in row:
+      end = list(row).index(EOS)
+      assert end >= 1 and not row[end + 1:].any()
+      ended += 1
+  assert ended >= 1
+
+  compiled = decode._translate._cache_size()
+  decode.translate(model, inputs[::-1], beam_size=beam_size, max_decode_len=8)
+  assert decode._translate._cache_size() == compiled  # same shapes: no retracing.
