@@ -22,10 +22,11 @@ def get_config() -> ml_collections.ConfigDict:
   task.download_url = ""  # multi30k: URL base for downloads ("" -> public repo)
   task.vocab_size = 256  # SentencePiece vocabulary (source and target shared)
   task.spm_model_type = "unigram"  # unigram | bpe | word | char
+  task.spm_seed = 0  # tokenizer training sample (only above 2M sentences)
   task.max_length = 48  # training: tokens per sequence (filter or truncate)
   task.overlong = "filter"  # filter | truncate (training only; eval never drops)
   task.packing = True  # True: pack examples; False: length bucketing
-  task.shuffle_buffer_seed = 0  # folded with config.seed
+  task.shuffle_buffer_seed = 0  # folded with config.seed into the shuffle seed
   synthetic = task.synthetic = ml_collections.ConfigDict()
   synthetic.seed = 1234
   synthetic.num_train = 20000

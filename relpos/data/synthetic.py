@@ -1,0 +1,258 @@
+"""A synthetic translation task where word order matters, generated from a seed (no download).
+
+Source: English-like sentences. Target: an invented language with
+- its own lexicon (fixed, made of invented syllables);
+- another word order: subject-object-verb, nouns before their adjectives, the determiner last
+  in its noun phrase, postpositions instead of prepositions, relative clauses before the noun,
+  and the verb after its prepositional phrase;
+- marking that depends on syntactic role: a case suffix on every noun (-a subject, -o object,
+  -e after a postposition), a plural suffix -mi, and a verb suffix agreeing in number with the
+  subject (-t singular, -n plural; -ri inside a relative clause).
+
+"the big dog sees a cat" -> "dogua bigu na cato ul sehet" (schematically), while
+"a cat sees the big dog" has the same words and another target: a bag-of-words model cannot
+tell who does what. The test split deliberately holds such subject/object swaps, and
+`permutation_fraction` reports how many test sources share their bag of words with another
+test source whose target differs.
+
+Splits: train, validation and test over [min_words, max_words] source words; test_long over
+[long_min_words, long_max_words] (longer than any training sentence).
+"""
+
+import dataclasses
+import hashlib
+import json
+import random
+from collections import Counter
+from collections.abc import Iterator
+
+import tensorflow_datasets as tfds
+
+NOUNS = ("dog", "cat", "bird", "horse", "farmer", "child", "teacher", "doctor", "king", "queen",
+         "girl", "boy", "fox", "wolf", "sailor", "singer", "baker", "tiger", "mouse", "friend")
+ADJECTIVES = ("big", "small", "red", "old", "young", "happy", "angry", "quiet", "brave", "tall",
+              "clever", "lazy")
+TRANSITIVE = ("see", "like", "follow", "help", "chase", "call", "find", "push", "watch", "meet")
+INTRANSITIVE = ("sleep", "run", "sing", "laugh", "wait", "dance")
+PLACES = ("house", "tree", "river", "bridge", "table", "garden", "market", "hill")
+PREPOSITIONS = ("near", "under", "behind", "in", "on", "with")
+DETERMINERS = ("the", "a")
+
+_SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
+
+
+def _invented_lexicon() -> dict[str, str]:
+  """English word -> invented target word (fixed: the language does not change with seeds)."""
+  rng = random.Random(20180306)
+  words = NOUNS + ADJECTIVES + TRANSITIVE + INTRANSITIVE + PLACES + PREPOSITIONS
+  lexicon, used = {}, set()
+  for word in words:
+    while True:
+      stem = "".join(rng.choice(_SYLLABLES) for _ in range(rng.choice((1, 2, 2, 3))))
+      if stem not in used:
+        used.add(stem)
+        lexicon[word] = stem
+        break
+  lexicon.update({"the": "na", "a": "ul", "and": "ke"})
+  return lexicon
+
+
+LEXICON = _invented_lexicon()
+CASE_SUFFIX = {"subject": "a", "object": "o", "oblique": "e"}
+
+
+@dataclasses.dataclass
+class NounPhrase:
+  """A noun phrase; `relative` is an optional subject relative clause (verb, object)."""
+  determiner: str
+  adjectives: list[str]
+  noun: str
+  plural: bool
+  relative: tuple[str, "NounPhrase"] | None = None
+
+  def source(self) -> list[str]:
+    noun = self.noun + ("s" if self.plural else "")
+    words = [self.determiner, *self.adjectives, noun]
+    if self.relative:
+      verb, obj = self.relative
+      words += ["that", _english_verb(verb, self.plural), *obj.source()]
+    return words
+
+  def target(self, role: str) -> list[str]:
+    noun = LEXICON[self.noun] + ("mi" if self.plural else "") + CASE_SUFFIX[role]
+    words = [noun, *(LEXICON[a] for a in self.adjectives), LEXICON[self.determiner]]
+    if self.relative:
+      verb, obj = self.relative
+      words = [*obj.target("object"), LEXICON[verb] + "ri", *words]
+    return words
+
+
+def _english_verb(verb: str, plural_subject: bool) -> str:
+  return verb if plural_subject else verb + ("es" if verb.endswith(("ch", "sh")) else "s")
+
+
+def _target_verb(verb: str, plural_subject: bool) -> str:
+  return LEXICON[verb] + ("n" if plural_subject else "t")
+
+
+@dataclasses.dataclass
+class Clause:
+  """subject verb [object] [preposition place-phrase]."""
+  subject: NounPhrase
+  verb: str
+  obj: NounPhrase | None
+  adjunct: tuple[str, NounPhrase] | None
+
+  def source(self) -> list[str]:
+    words = [*self.subject.source(), _english_verb(self.verb, self.subject.plural)]
+    if self.obj:
+      words += self.obj.source()
+    if self.adjunct:
+      words += [self.adjunct[0], *self.adjunct[1].source()]
+    return words
+
+  def target(self) -> list[str]:
+    words = self.subject.target("subject")
+    if self.obj:
+      words += self.obj.target("object")
+    if self.adjunct:
+      words += [*self.adjunct[1].target("oblique"), LEXICON[self.adjunct[0]]]
+    return words + [_target_verb(self.verb, self.subject.plural)]
+
+  def swapped(self) -> "Clause":
+    """Subject and object exchanged (same words when both have the same number)."""
+    return dataclasses.replace(self, subject=self.obj, obj=self.subject)
+
+
+def _noun_phrase(rng: random.Random, nouns=NOUNS, *, allow_relative: bool) -> NounPhrase:
+  relative = None
+  if allow_relative and rng.random() < 0.2:
+    relative = (rng.choice(TRANSITIVE), _noun_phrase(rng, allow_relative=False))
+  plural = rng.random() < 0.3
+  determiner = "the" if plural else rng.choice(DETERMINERS)
+  return NounPhrase(determiner, rng.sample(ADJECTIVES, rng.choice((0, 0, 1, 1, 2))),
+                    rng.choice(nouns), plural, relative)
+
+
+def _clause(rng: random.Random) -> Clause:
+  subject = _noun_phrase(rng, allow_relative=True)
+  if rng.random() < 0.7:
+    verb, obj = rng.choice(TRANSITIVE), _noun_phrase(rng, allow_relative=True)
+  else:
+    verb, obj = rng.choice(INTRANSITIVE), None
+  adjunct = None
+  if rng.random() < 0.35:
+    adjunct = (rng.choice(PREPOSITIONS), _noun_phrase(rng, PLACES, allow_relative=False))
+  return Clause(subject, verb, obj, adjunct)
+
+
+def _sentence(clauses: list[Clause]) -> tuple[str, str]:
+  source, target = [], []
+  for i, clause in enumerate(clauses):
+    if i:
+      source.append("and")
+      target.append(LEXICON["and"])
+    source += clause.source()
+    target += clause.target()
+  return " ".join(source), " ".join(target)
+
+
+def generate(num: int, min_words: int, max_words: int, seed: int, *,
+             swap_fraction: float = 0.0) -> list[tuple[str, str]]:
+  """`num` (source, target) pairs with min_words..max_words source words.
+
+  Args:
+    num: number of pairs.
+    min_words, max_words: inclusive source length range.
+    seed: the generator's seed (same seed, same pairs).
+    swap_fraction: probability that a one-clause transitive sentence is followed by its
+      subject/object swap (a permutation of the same words with another target).
+  """
+  rng = random.Random(seed)
+  clauses_needed = max(1, round(max_words / 12))
+  pairs: list[tuple[str, str]] = []
+  while len(pairs) < num:
+    clauses = [_clause(rng) for _ in range(rng.randint(1, clauses_needed))]
+    source, target = _sentence(clauses)
+    if not min_words <= len(source.split()) <= max_words:
+      continue
+    pairs.append((source, target))
+    only = clauses[0]
+    if (len(clauses) == 1 and only.obj is not None and only.obj.plural == only.subject.plural
+        and len(pairs) < num and rng.random() < swap_fraction):
+      pairs.append(_sentence([only.swapped()]))
+  return pairs
+
+
+def permutation_fraction(pairs: list[tuple[str, str]]) -> float:
+  """Fraction of pairs whose source shares its bag of words with another pair's source
+  while the targets differ."""
+  by_bag: dict[tuple, set[str]] = {}
+  bags = []
+  for source, target in pairs:
+    bag = tuple(sorted(Counter(source.split()).items()))
+    bags.append(bag)
+    by_bag.setdefault(bag, set()).add(target)
+  return sum(len(by_bag[bag]) > 1 for bag in bags) / max(1, len(pairs))
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticParams:
+  """Sizes and length ranges of the generated splits (config.task.synthetic)."""
+  seed: int = 1234
+  num_train: int = 20000
+  num_validation: int = 500
+  num_test: int = 500
+  num_test_long: int = 500
+  min_words: int = 3
+  max_words: int = 12
+  long_min_words: int = 13
+  long_max_words: int = 24
+
+  def name(self) -> str:
+    """A builder-config name unique to these parameters (a changed size never reuses data)."""
+    digest = hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode())
+    return f"p{digest.hexdigest()[:12]}"
+
+  def splits(self) -> dict[str, list[tuple[str, str]]]:
+    """Every split's pairs; each split has its own seed derived from `seed`."""
+    return {
+        "train": generate(self.num_train, self.min_words, self.max_words, self.seed),
+        "validation": generate(self.num_validation, self.min_words, self.max_words,
+                               self.seed + 1),
+        "test": generate(self.num_test, self.min_words, self.max_words, self.seed + 2,
+                         swap_fraction=0.5),
+        "test_long": generate(self.num_test_long, self.long_min_words, self.long_max_words,
+                              self.seed + 3),
+    }
+
+
+class SyntheticBuilderConfig(tfds.core.BuilderConfig):
+  """Builder config carrying the generation parameters."""
+
+  def __init__(self, params: SyntheticParams):
+    super().__init__(name=params.name(), description=json.dumps(dataclasses.asdict(params)))
+    self.params = params
+
+
+class SyntheticTranslation(tfds.core.GeneratorBasedBuilder):
+  """TFDS builder of the synthetic task; features {"source", "target"} (text)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self, description=__doc__,
+        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
+                                             "target": tfds.features.Text()}),
+        supervised_keys=("source", "target"), metadata=tfds.core.MetadataDict())
+
+  def _split_generators(self, dl_manager) -> dict[str, Iterator]:
+    del dl_manager  # generated, nothing to download
+    splits = self.builder_config.params.splits()
+    self.info.metadata["test_permutation_fraction"] = permutation_fraction(splits["test"])
+    return {name: self._generate_examples(pairs) for name, pairs in splits.items()}
+
+  def _generate_examples(self, pairs: list[tuple[str, str]]):
+    for i, (source, target) in enumerate(pairs):
+      yield i, {"source": source, "target": target}

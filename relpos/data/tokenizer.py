@@ -1,0 +1,93 @@
+"""SentencePiece tokenizer shared by source and target: trained once, cached on disk.
+
+Ids: PAD_ID = 0, EOS_ID = 1, UNK_ID = 2, no BOS. `Tokenizer.encode` appends EOS;
+`Tokenizer.decode` stops at the first EOS and skips padding.
+"""
+
+import io
+import os
+import random
+from collections.abc import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+MODEL_TYPES = ("unigram", "bpe", "word", "char")
+# Sentences given to the trainer at most (a seeded sample of them beyond this).
+MAX_TRAINING_SENTENCES = 2_000_000
+
+
+class Tokenizer:
+  """A SentencePiece model with relpos's id conventions."""
+
+  def __init__(self, model_proto: bytes, path: str = ""):
+    self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.path = path
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.vocab_size()
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, ending with EOS_ID."""
+    return self._processor.encode(text) + [EOS_ID]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of `ids` up to the first EOS_ID; PAD_ID is skipped."""
+    ids = list(ids)
+    if EOS_ID in ids:
+      ids = ids[:ids.index(EOS_ID)]
+    return self._processor.decode([i for i in ids if i != PAD_ID])
+
+
+def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: str,
+                    seed: int) -> Tokenizer:
+  """Trains a SentencePiece model in memory (deterministic: one thread, seeded sample).
+
+  Args:
+    sentences: training text, one sentence per item.
+    vocab_size: the vocabulary size (a soft limit: tiny corpora may give fewer pieces).
+    model_type: one of MODEL_TYPES.
+    seed: seeds the sample taken when there are more than MAX_TRAINING_SENTENCES.
+
+  Raises:
+    ValueError: an unknown model type or no sentences.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"task.spm_model_type={model_type!r} is invalid: must be one of "
+                     f"{', '.join(MODEL_TYPES)}.")
+  sentences = [s for s in sentences if s.strip()]
+  if not sentences:
+    raise ValueError("cannot train a tokenizer on no sentences.")
+  if len(sentences) > MAX_TRAINING_SENTENCES:
+    sentences = random.Random(seed).sample(sentences, MAX_TRAINING_SENTENCES)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+      hard_vocab_limit=False, character_coverage=1.0, num_threads=1, minloglevel=2,
+      input_sentence_size=0, shuffle_input_sentence=False)
+  return Tokenizer(model.getvalue())
+
+
+def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: int,
+                            model_type: str, seed: int) -> Tokenizer:
+  """The tokenizer cached at `path`, trained on `sentences` and written there (atomically) first.
+
+  Args:
+    path: the `.model` file; its folder is created when missing.
+    sentences: training text, read only when the model must be trained (e.g. a generator).
+    vocab_size, model_type, seed: see `train_tokenizer`.
+  """
+  if not os.path.exists(path):
+    tokenizer = train_tokenizer(sentences, vocab_size=vocab_size, model_type=model_type,
+                                seed=seed)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+      f.write(tokenizer._processor.serialized_model_proto())  # pylint: disable=protected-access
+    os.replace(tmp, path)
+  with open(path, "rb") as f:
+    return Tokenizer(f.read(), path)
