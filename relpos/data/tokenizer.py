@@ -30,6 +30,10 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._processor.vocab_size()
 
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model."""
+    return self._processor.serialized_model_proto()
+
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, ending with EOS_ID."""
     return self._processor.encode(text) + [EOS_ID]
@@ -87,7 +91,7 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
-      f.write(tokenizer._processor.serialized_model_proto())  # pylint: disable=protected-access
+      f.write(tokenizer.model_proto())
     os.replace(tmp, path)
   with open(path, "rb") as f:
     return Tokenizer(f.read(), path)

@@ -1,0 +1,123 @@
+"""Tests for relpos.data.multi30k: reading, the builder, download, and bad input."""
+
+import functools
+import gzip
+import http.server
+import os
+import shutil
+import threading
+
+import ml_collections
+import pytest
+
+from configs import default
+from relpos.data import multi30k
+from relpos.data import pipeline
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+NUM_LINES = {"train": 300, "val": 40, "test_2016_flickr": 30}
+
+
+def _write_gz(path, data: bytes):
+  with gzip.open(path, "wb") as f:
+    f.write(data)
+
+
+@pytest.fixture(scope="module")
+def raw_dir(tmp_path_factory):
+  """The first lines of the shared Multi30K files (tiny and fast to build)."""
+  if not os.path.isdir(SHARED):
+    pytest.skip(f"Multi30K is not at {SHARED}")
+  directory = tmp_path_factory.mktemp("multi30k_raw")
+  for stem, n in NUM_LINES.items():
+    for lang in ("en", "de"):
+      lines = multi30k.read_lines(os.path.join(SHARED, f"{stem}.{lang}.gz"))[:n]
+      _write_gz(directory / f"{stem}.{lang}.gz", ("\n".join(lines) + "\n").encode())
+  return directory
+
+
+def _task_config(data_dir, **fields) -> ml_collections.ConfigDict:
+  config = default.get_config().task
+  config.update(name="multi30k", tfds_data_dir=str(data_dir), vocab_size=120, **fields)
+  return config
+
+
+def test_shared_files_read_in_full():
+  if not os.path.isdir(SHARED):
+    pytest.skip(f"Multi30K is not at {SHARED}")
+  pairs = multi30k.read_split(SHARED, "val", "en", "de")
+  assert len(pairs) == 1014
+  assert pairs[0][0].startswith("A group of men are loading cotton")
+  assert multi30k.available_splits(SHARED, "en", "de") == list(multi30k.REQUIRED_SPLITS)
+
+
+def test_builder_from_folder(raw_dir, tmp_path):
+  task = pipeline.Task(_task_config(tmp_path, manual_dir=str(raw_dir)))
+  assert task.splits == ("train", "validation", "test_2016_flickr")
+  assert len(task.source_texts("train")) == 300
+  assert len(task.target_texts("test_2016_flickr")) == 30
+  sources = multi30k.read_lines(str(raw_dir / "val.en.gz"))
+  targets = multi30k.read_lines(str(raw_dir / "val.de.gz"))
+  assert sorted(zip(task.source_texts("validation"), task.target_texts("validation"))) == sorted(
+      zip(sources, targets))
+
+
+def test_other_language_pair_and_optional_split(raw_dir, tmp_path):
+  directory = tmp_path / "raw"
+  shutil.copytree(raw_dir, directory)
+  for stem in NUM_LINES:  # a "fr" side: the German text stands in for it
+    shutil.copy(directory / f"{stem}.de.gz", directory / f"{stem}.fr.gz")
+  shutil.copy(directory / "val.en.gz", directory / "test_2017_flickr.en.gz")
+  shutil.copy(directory / "val.de.gz", directory / "test_2017_flickr.fr.gz")
+  task = pipeline.Task(_task_config(tmp_path / "tfds", manual_dir=str(directory),
+                                    target_lang="fr"))
+  assert "test_2017_flickr" in task.splits and "test_2017_mscoco" not in task.splits
+  assert len(task.source_texts("test_2017_flickr")) == 40
+
+
+def test_download_through_loopback_server(raw_dir, tmp_path):
+  handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(raw_dir))
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    task = pipeline.Task(_task_config(tmp_path, download_url=url))
+  finally:
+    server.shutdown()
+  downloaded = tmp_path / "downloads" / "multi30k"
+  assert sorted(os.listdir(downloaded)) == sorted(os.listdir(raw_dir))
+  assert len(task.source_texts("train")) == 300
+
+
+@pytest.mark.parametrize("case", ["mismatch", "empty", "missing", "not_utf8", "not_gzip"])
+def test_bad_files_name_the_file_and_write_nothing(raw_dir, tmp_path, case):
+  directory = tmp_path / "raw"
+  shutil.copytree(raw_dir, directory)
+  bad = directory / "val.de.gz"
+  if case == "mismatch":
+    _write_gz(bad, b"eins\nzwei\n")
+    expected = "val.en.gz \\(40 lines\\) and .*val.de.gz \\(2 lines\\) differ"
+  elif case == "empty":
+    _write_gz(bad, b"")
+    expected = "val.de.gz is empty"
+  elif case == "missing":
+    os.remove(bad)
+    expected = "val.de.gz does not exist"
+  elif case == "not_utf8":
+    _write_gz(bad, "Grüße\n".encode("latin-1") * 40)
+    expected = "val.de.gz is not UTF-8 text"
+  else:
+    bad.write_bytes(b"plain text, not gzip\n")
+    expected = "val.de.gz is not a readable gzip file"
+  data_dir = tmp_path / "tfds"
+  with pytest.raises((ValueError, FileNotFoundError), match=expected):
+    pipeline.Task(_task_config(data_dir, manual_dir=str(directory)))
+  assert not os.path.exists(data_dir / "multi30k")  # nothing half-written
+
+
+def test_unknown_language_code(tmp_path):
+  with pytest.raises(ValueError, match="task.target_lang='xx'.*en, de, fr, cs"):
+    pipeline.Task(_task_config(tmp_path, manual_dir=str(tmp_path), target_lang="xx"))
+  with pytest.raises(ValueError, match="both 'en'"):
+    multi30k.Multi30kConfig("en", "en")

@@ -1,0 +1,43 @@
+"""Tests for relpos.data.tokenizer: round trip, ids, caching, determinism."""
+
+import os
+
+import pytest
+
+from relpos.data import tokenizer as tokenizer_lib
+
+SENTENCES = ["the dog sees the cat", "a small bird sings near the river",
+             "Zwei Hunde spielen im Schnee.", "le chat dort"] * 50
+
+
+def test_round_trip_and_special_ids(tmp_path):
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
+                                              vocab_size=60, model_type="unigram", seed=0)
+  for text in SENTENCES[:4]:
+    ids = tok.encode(text)
+    assert ids[-1] == tokenizer_lib.EOS_ID
+    assert tokenizer_lib.PAD_ID not in ids
+    assert tok.decode(ids) == text
+    assert tok.decode(ids + [5, 6, tokenizer_lib.PAD_ID]) == text  # stops at EOS
+  assert tok.decode([tokenizer_lib.PAD_ID] + tok.encode("le chat")[:-1]) == "le chat"
+
+
+def test_cached_model_is_reused_and_training_deterministic(tmp_path):
+  path = str(tmp_path / "sub" / "t.model")
+  first = tokenizer_lib.load_or_train_tokenizer(path, SENTENCES, vocab_size=50,
+                                                model_type="bpe", seed=0)
+  assert os.path.exists(path) and first.path == path
+  again = tokenizer_lib.load_or_train_tokenizer(path, iter(()), vocab_size=50,
+                                                model_type="bpe", seed=0)
+  other = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "u.model"), SENTENCES,
+                                                vocab_size=50, model_type="bpe", seed=0)
+  for text in SENTENCES[:4]:
+    assert first.encode(text) == again.encode(text) == other.encode(text)
+  assert [p for p in os.listdir(tmp_path / "sub")] == ["t.model"]  # no temporary left
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="task.spm_model_type='wordpiece'"):
+    tokenizer_lib.train_tokenizer(SENTENCES, vocab_size=50, model_type="wordpiece", seed=0)
+  with pytest.raises(ValueError, match="no sentences"):
+    tokenizer_lib.train_tokenizer(["", " "], vocab_size=50, model_type="bpe", seed=0)
