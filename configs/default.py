@@ -68,10 +68,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()
-  train.batch_size = 64  # global, sequences of task.max_length tokens
-  train.num_steps = 1500
+  train.batch_size = 32  # global, sequences of task.max_length tokens
+  train.num_steps = 600
   train.learning_rate = 0.002  # peak, reached after warmup_steps
-  train.warmup_steps = 200
+  train.warmup_steps = 150
   train.adam_b1 = 0.9
   train.adam_b2 = 0.98
   train.adam_eps = 1e-9
@@ -80,8 +80,8 @@ def get_config() -> ml_collections.ConfigDict:
   train.grad_clip_norm = 0.0  # 0: no clipping
   train.nonfinite = "raise"  # raise | skip
   train.log_every_steps = 50
-  train.eval_every_steps = 500
-  train.checkpoint_every_steps = 500
+  train.eval_every_steps = 300
+  train.checkpoint_every_steps = 300
   train.keep_checkpoints = 2
   train.eval_batch_size = 64
 

@@ -1,0 +1,85 @@
+"""Ablation rows (Shaw et al. 2018, Tables 1 and 3, and later position methods) and the k sweep.
+
+Select a row, and optionally the task, in the config string:
+
+  --config=configs/ablation.py:rel_kv            # synthetic task (configs/default.py)
+  --config=configs/ablation.py:rel_k,multi30k    # Multi30K model and data (configs/multi30k.py)
+  --config=configs/ablation.py:k=4,wmt14         # Table 2 sweep point on the WMT14 base model
+
+or override the task afterwards (`--config.task.name=...`). A sweep over the clipping distance
+runs `k=<k>` for every k in `K_GRID`. Each row sets all the position fields it depends on, so a
+row means the same thing whatever the base config.
+"""
+import ml_collections
+
+from configs import default
+from configs import multi30k
+from configs import wmt14_base
+
+# Clipping distances of the paper's Table 2 (relative positions only, no absolute).
+K_GRID = (0, 1, 2, 4, 16, 64, 256)
+
+_RELATIVE_ONLY = {"position": "relative", "add_absolute": False}
+
+# Row name -> `config.model` overrides.
+ROWS: dict[str, dict[str, object]] = {
+    "abs": {"position": "absolute", "absolute_type": "sinusoidal", "add_absolute": False},
+    "rel_kv": {**_RELATIVE_ONLY, "relative_key": True, "relative_value": True},
+    "rel_k": {**_RELATIVE_ONLY, "relative_key": True, "relative_value": False},
+    "rel_v": {**_RELATIVE_ONLY, "relative_key": False, "relative_value": True},
+    "none": {"position": "none", "add_absolute": False},
+    "t5": {"position": "t5", "add_absolute": False},
+    "abs_rel_kv": {"position": "relative", "add_absolute": True, "absolute_type": "sinusoidal",
+                   "relative_key": True, "relative_value": True},
+    "rope": {"position": "rope", "add_absolute": False},
+    "alibi": {"position": "alibi", "add_absolute": False},
+}
+
+# Task name -> base config (model size and data).
+BASES = {
+    "synthetic": default.get_config,
+    "multi30k": multi30k.get_config,
+    "wmt14": wmt14_base.get_config,
+}
+
+_K_PREFIX = "k="
+
+
+def row_overrides(row: str) -> dict[str, object]:
+  """`config.model` overrides of a row: a name of `ROWS`, or `k=<int>` (rel_kv with that k).
+
+  Raises:
+    ValueError: for an unknown row name or a malformed k.
+  """
+  if row in ROWS:
+    return dict(ROWS[row])
+  if row.startswith(_K_PREFIX):
+    k = row[len(_K_PREFIX):]
+    if not k.isdigit():
+      raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
+    return {**ROWS["rel_kv"], "max_relative_position": int(k)}
+  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join(ROWS)} or k=<int> "
+                   f"(the paper's grid: {', '.join(map(str, K_GRID))}).")
+
+
+def get_config(config_string: str = "rel_kv") -> ml_collections.ConfigDict:
+  """Returns the config of one row: `"<row>"` or `"<row>,<task>"`.
+
+  Args:
+    config_string: a row of `ROWS` or `k=<int>`, optionally followed by `,` and a task of
+      `BASES` (default synthetic).
+
+  Raises:
+    ValueError: for an unknown row or task, or too many parts.
+  """
+  parts = config_string.split(",")
+  if len(parts) > 2:
+    raise ValueError(f"ablation config string {config_string!r}: expected '<row>' or "
+                     "'<row>,<task>'.")
+  row, task = (parts + ["synthetic"])[:2]
+  if task not in BASES:
+    raise ValueError(f"ablation config string {config_string!r}: unknown task {task!r}; "
+                     f"allowed: {', '.join(BASES)}.")
+  config = BASES[task]()
+  config.model.update(row_overrides(row))
+  return config

@@ -1,0 +1,45 @@
+"""Evaluates a checkpoint: `python eval.py --workdir=runs/x --checkpoint=best --split=test`.
+
+Rebuilds the model from `<workdir>/config.json` (never executing code from the workdir),
+translates a split (--split) or a file of source sentences (--input, with --reference for
+scores) with beam search, and writes the translations and a JSON of sacreBLEU (score and
+signature), chrF, the number of sentences and the checkpoint step to --output_dir
+(default `<workdir>/eval`). The JSON is also printed.
+"""
+import json
+import sys
+
+from absl import app
+from absl import flags
+
+from relpos import evaluate
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, best or a step number.")
+_SPLIT = flags.DEFINE_string("split", None, "Split of the run's task, e.g. validation or test.")
+_INPUT = flags.DEFINE_string("input", None, "UTF-8 file of source sentences, one a line.")
+_REFERENCE = flags.DEFINE_string("reference", None, "References for --input, one a line.")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Overrides decode.beam_size of the run.")
+_ALPHA = flags.DEFINE_float("alpha", None, "Overrides decode.alpha of the run.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: <workdir>/eval.")
+_MULTIHOST = flags.DEFINE_string(
+    "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
+    "'<coordinator host:port>,<num_processes>,<process_id>'.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    evaluate.initialize_distributed(_MULTIHOST.value)
+    result = evaluate.evaluate_checkpoint(
+        _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value,
+        input_file=_INPUT.value, reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value,
+        alpha=_ALPHA.value, output_dir=_OUTPUT_DIR.value)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"error: {e}")
+  print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,300 @@
+"""Evaluation: restore a checkpoint, translate a split or a file with beam search, score it.
+
+`score_split` is the one code path for BLEU: training's periodic validation calls it, and so
+does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training numbers.
+
+Every sentence is translated: sources are batched by length and padded to a length bucket,
+never filtered or truncated, and each batch may decode up to 2 * source length + 10 tokens
+(capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are sacreBLEU (cased,
+13a tokenization) and chrF on detokenized output (`Tokenizer.decode`) against the raw
+reference text, with their signatures.
+
+A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
+"""
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from sacrebleu import metrics as sacrebleu_metrics
+
+from relpos import checkpoints
+from relpos import config_validation
+from relpos import decode
+from relpos.data import pipeline
+from relpos.data import tokenizer as tokenizer_lib
+
+# Source lengths are padded up to a multiple of this, bounding the number of compilations.
+LENGTH_BUCKET = 16
+EVAL_DIR = "eval"
+CONFIG_FILE = "config.json"
+DATA_AXIS = "data"
+
+
+def initialize_distributed(multihost: str) -> None:
+  """Joins a multi-process run (every process runs the same command) when `multihost` is set.
+
+  Args:
+    multihost: "" (one process: nothing to do); "auto" (the coordinator, process count and
+      id are detected on Cloud TPU, SLURM, Open MPI and Kubernetes); or
+      "<coordinator host:port>,<num_processes>,<process_id>".
+
+  Raises:
+    ValueError: a malformed `multihost`.
+  """
+  if not multihost:
+    return
+  if multihost == "auto":
+    jax.distributed.initialize()
+    return
+  parts = multihost.split(",")
+  if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
+                     "'<host:port>,<num_processes>,<process_id>'.")
+  jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
+
+
+def make_mesh() -> Mesh:
+  """A 1-D mesh over every device of every process, axis DATA_AXIS (batch rows split over it)."""
+  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+
+
+def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's share of the rows of a batch that every process holds whole."""
+  index, count = jax.process_index(), jax.process_count()
+  return {k: np.split(np.asarray(v), count)[index] for k, v in batch.items()}
+
+
+def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
+                   model_max_len: int) -> int:
+  """Decode budget of a batch whose sources have at most `source_length` tokens."""
+  if decode_config.max_decode_len:
+    return decode_config.max_decode_len
+  return min(2 * source_length + 10, model_max_len)
+
+
+def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], batch_size: int
+                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  """Tokenized sources in batches of similar length; none dropped or truncated.
+
+  Args:
+    tokenizer: encodes a text to ids ending with EOS.
+    texts: the sources.
+    batch_size: rows per batch (the last batch is filled with one-token EOS rows).
+
+  Yields:
+    (example_index int32 [batch_size], -1 on filler rows;
+     inputs int32 [batch_size, length], length a multiple of LENGTH_BUCKET, PAD_ID padded).
+  """
+  encoded = [tokenizer.encode(text) for text in texts]
+  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  for start in range(0, len(order), batch_size):
+    rows = order[start:start + batch_size]
+    longest = max(len(encoded[i]) for i in rows)
+    length = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+    inputs = np.full((batch_size, length), tokenizer_lib.PAD_ID, np.int32)
+    inputs[len(rows):, 0] = tokenizer_lib.EOS_ID
+    for row, i in enumerate(rows):
+      inputs[row, :len(encoded[i])] = encoded[i]
+    example_index = np.full((batch_size,), -1, np.int32)
+    example_index[:len(rows)] = rows
+    yield example_index, inputs
+
+
+def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
+                    config: ml_collections.ConfigDict, *, mesh: Mesh,
+                    beam_size: int | None = None, alpha: float | None = None) -> list[str]:
+  """Translates every text with beam search (greedy when the beam size is 1).
+
+  Args:
+    model: a Transformer.
+    tokenizer: the task's tokenizer (encode sources, decode outputs).
+    texts: the sources.
+    config: the run config (decode.*, model.max_len, train.eval_batch_size).
+    mesh: devices the batch rows are split over.
+    beam_size: overrides decode.beam_size.
+    alpha: overrides decode.alpha.
+
+  Returns:
+    The detokenized translations, in the order of `texts`.
+  """
+  beam_size = config.decode.beam_size if beam_size is None else beam_size
+  alpha = config.decode.alpha if alpha is None else alpha
+  sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  translations: list[str] = [""] * len(texts)
+  for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
+    local = process_rows({"inputs": inputs})["inputs"]
+    tokens = decode.translate(
+        model, jax.make_array_from_process_local_data(sharding, local), beam_size=beam_size,
+        alpha=alpha, max_decode_len=max_decode_len(inputs.shape[1], config.decode,
+                                                   config.model.max_len),
+        eos_id=tokenizer_lib.EOS_ID)
+    tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
+    for i, row in zip(example_index, tokens):
+      if i >= 0:
+        translations[i] = tokenizer.decode(row.tolist())
+  return translations
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
+  """Corpus sacreBLEU (cased, 13a) and chrF with their signatures."""
+  bleu, chrf = sacrebleu_metrics.BLEU(), sacrebleu_metrics.CHRF()
+  bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
+  chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
+  return {"bleu": bleu_score.score, "signature": str(bleu.get_signature()),
+          "chrf": chrf_score.score, "chrf_signature": str(chrf.get_signature()),
+          "num_sentences": len(hypotheses)}
+
+
+def score_split(model: nnx.Module, task: pipeline.Task, split: str,
+                config: ml_collections.ConfigDict, *, mesh: Mesh, beam_size: int | None = None,
+                alpha: float | None = None) -> dict[str, Any]:
+  """Translates a whole split and scores it against its raw references.
+
+  Returns:
+    `score`'s dict plus "translations" (list of str, in split order).
+  """
+  translations = translate_texts(model, task.tokenizer, task.source_texts(split), config,
+                                 mesh=mesh, beam_size=beam_size, alpha=alpha)
+  return {**score(translations, task.target_texts(split)), "translations": translations}
+
+
+def read_sentences(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (one sentence a line, final newline optional).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file is not UTF-8 (naming the byte offset) or holds no sentence.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path} is not UTF-8 text: byte {e.start} is "
+                     f"{data[e.start:e.start + 1]!r} ({e.reason}).") from None
+  lines = text.split("\n")
+  if lines[-1] == "":
+    lines.pop()
+  if not lines:
+    raise ValueError(f"{path} is empty: there is no sentence to translate.")
+  return lines
+
+
+def load_run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a run wrote (`workdir/config.json`), validated.
+
+  Raises:
+    FileNotFoundError: the workdir or its config.json does not exist.
+    ValueError: the config is invalid.
+  """
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"workdir {workdir} does not exist.")
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
+  with open(path, encoding="utf-8") as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  config_validation.validate(config)
+  return config
+
+
+def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
+                  mesh: Mesh) -> tuple[nnx.Module, int]:
+  """The model saved in `workdir` at `checkpoint` ("latest", "best" or a step), and its step.
+
+  Raises:
+    FileNotFoundError: no checkpoint (or not that step) in the workdir.
+    ValueError: the checkpoint's parameters do not fit the config (naming the first one).
+  """
+  model_config = config_validation.validate(config)
+  manager = checkpoints.make_manager(workdir, read_only=True)
+  try:
+    step = checkpoints.resolve_step(manager, checkpoint)
+    model = checkpoints.restore_model(manager, step, model_config,
+                                      NamedSharding(mesh, PartitionSpec()))
+  finally:
+    manager.close()
+  return model, step
+
+
+def _sources_and_references(task_name: str, task: pipeline.Task, split: str | None,
+                            input_file: str | None, reference_file: str | None
+                            ) -> tuple[str, list[str], list[str] | None]:
+  """(name for output files, sources, references or None) of a split or an input file."""
+  if (split is None) == (input_file is None):
+    raise ValueError("give exactly one of split and input_file.")
+  if split is not None:
+    if split not in task.splits:
+      raise ValueError(f"split={split!r} is not a split of task {task_name!r}; "
+                       f"allowed: {', '.join(task.splits)}.")
+    return split, task.source_texts(split), task.target_texts(split)
+  sources = read_sentences(input_file)
+  if reference_file is None:
+    return os.path.basename(input_file), sources, None
+  references = read_sentences(reference_file)
+  if len(references) != len(sources):
+    raise ValueError(f"{reference_file} has {len(references)} lines but {input_file} has "
+                     f"{len(sources)}: one reference per source line is needed.")
+  return os.path.basename(input_file), sources, references
+
+
+def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split: str | None = None,
+                        input_file: str | None = None, reference_file: str | None = None,
+                        beam_size: int | None = None, alpha: float | None = None,
+                        output_dir: str | None = None) -> dict[str, Any]:
+  """Restores a checkpoint, translates a split or a file, writes and returns the scores.
+
+  Args:
+    workdir: a training workdir (config.json + checkpoints/).
+    checkpoint: "latest", "best" (by validation BLEU) or a step number.
+    split: a split of the run's task, e.g. "validation" or "test" (or give input_file).
+    input_file: UTF-8 text, one source sentence a line.
+    reference_file: references for input_file, one a line (scores need them).
+    beam_size: overrides decode.beam_size of the run.
+    alpha: overrides decode.alpha of the run.
+    output_dir: where `<name>.step<step>.beam<beam>.alpha<alpha>.txt` (translations) and
+      `.json` (scores) go, <name> the split or the input file's name; default `workdir/eval`.
+
+  Returns:
+    {"step", "checkpoint", "beam_size", "alpha", "num_sentences", "translations_file"} plus,
+    with references, "bleu", "signature", "chrf", "chrf_signature".
+
+  Raises:
+    FileNotFoundError: missing workdir, config.json, checkpoint or input file.
+    ValueError: invalid arguments, an empty or non-UTF-8 input file, a checkpoint of another
+      architecture.
+  """
+  config = load_run_config(workdir)
+  if beam_size is not None:
+    config.decode.beam_size = beam_size
+  if alpha is not None:
+    config.decode.alpha = alpha
+  config_validation.validate(config)
+  mesh = make_mesh()
+  task = pipeline.get_task(config.task)
+  name, sources, references = _sources_and_references(config.task.name, task, split, input_file,
+                                                      reference_file)
+  model, step = restore_model(workdir, config, checkpoint, mesh)
+  translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
+  output_dir = output_dir or os.path.join(workdir, EVAL_DIR)
+  stem = os.path.join(output_dir, f"{name}.step{step}.beam{config.decode.beam_size}"
+                                  f".alpha{config.decode.alpha}")
+  results = {"step": step, "checkpoint": str(checkpoint), "beam_size": config.decode.beam_size,
+             "alpha": config.decode.alpha, "num_sentences": len(translations),
+             "translations_file": stem + ".txt"}
+  if references is not None:
+    results.update(score(translations, references))
+  if jax.process_index() == 0:
+    os.makedirs(output_dir, exist_ok=True)
+    with open(stem + ".txt", "w", encoding="utf-8") as f:
+      f.writelines(t + "\n" for t in translations)
+    with open(stem + ".json", "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=2)
+  return results

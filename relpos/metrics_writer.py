@@ -1,0 +1,61 @@
+"""Metrics of a run: `metrics.jsonl` (one JSON object a line) and TensorBoard events.
+
+Only process 0 writes. On resume from step s, lines past s (written after the checkpoint the
+run restarts from) are dropped and TensorBoard purges events past s, so a restarted run's
+files read like an uninterrupted run's.
+"""
+import json
+import os
+from typing import Any
+
+import jax
+import tensorboardX
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """Returns the records of `workdir/metrics.jsonl` (empty when there is none)."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+class MetricsWriter:
+  """Appends metric records to `metrics.jsonl` and TensorBoard scalars under `tensorboard/`."""
+
+  def __init__(self, workdir: str, *, resume_step: int):
+    """Opens the writers.
+
+    Args:
+      workdir: the run's folder.
+      resume_step: the step the run starts from (0 for a fresh run); records past it go.
+    """
+    self._active = jax.process_index() == 0
+    self._path = os.path.join(workdir, METRICS_FILE)
+    if not self._active:
+      return
+    kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
+    with open(self._path, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+    self._tensorboard = tensorboardX.SummaryWriter(
+        os.path.join(workdir, TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
+
+  def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
+    """Writes one record {"step", "split", **metrics}; numbers also go to TensorBoard."""
+    if not self._active:
+      return
+    record = {"step": step, "split": split, **metrics}
+    with open(self._path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record) + "\n")
+    for name, value in metrics.items():
+      if isinstance(value, (int, float)) and not isinstance(value, bool):
+        self._tensorboard.add_scalar(f"{split}/{name}", value, step)
+    self._tensorboard.flush()
+
+  def close(self) -> None:
+    if self._active:
+      self._tensorboard.close()

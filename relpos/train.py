@@ -1,0 +1,492 @@
+"""Training: train state, optimizer, jit steps data-parallel over a device mesh, and the loop.
+
+`train_and_evaluate(config, workdir)` validates the config, restores the latest checkpoint of
+`workdir` when there is one (exact resume: parameters, optimizer state, step, dropout RNG and
+the data iterator position), trains with periodic evaluation (loss, token accuracy and, with
+`decode.validation_bleu`, beam-search sacreBLEU through `relpos.evaluate`, the code eval.py
+runs), writes `config.json`, `metrics.jsonl` and TensorBoard events, and saves Orbax
+checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`).
+
+The train state is a dict of pure pytrees, the layout checkpoints hold:
+  step         int32 []: updates taken (skipped non-finite ones included)
+  params       the model's nnx.Param values (nested dict)
+  rng          the model's RNG streams (nnx.RngState: dropout key and count)
+  opt_state    optax state
+  num_skipped  int32 []: updates skipped for a non-finite loss or gradient
+"""
+import functools
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import tqdm
+from absl import logging
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from relpos import checkpoints
+from relpos import config_validation
+from relpos import evaluate
+from relpos import metrics_writer
+from relpos import model as model_lib
+from relpos.data import pipeline
+from relpos.data import tokenizer as tokenizer_lib
+
+TrainState = dict[str, Any]
+Batch = dict[str, jax.Array]
+BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
+              "targets_segmentation")
+VALIDATION_SPLIT = "validation"
+
+
+class NonFiniteError(FloatingPointError):
+  """A non-finite loss or gradient with `train.nonfinite='raise'`."""
+
+
+# --- optimizer and loss ------------------------------------------------------------------------
+
+
+def learning_rate_schedule(train_config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up to `learning_rate`, then inverse square root decay (Vaswani et al. 2017).
+
+  lr(count) = learning_rate * min(s / warmup, sqrt(warmup / s)) with s = count + 1, so the
+  first update uses learning_rate / warmup and update `warmup` the peak.
+  """
+  peak, warmup = train_config.learning_rate, train_config.warmup_steps
+
+  def schedule(count: jax.Array) -> jax.Array:
+    s = jnp.asarray(count, jnp.float32) + 1.0
+    return peak * jnp.minimum(s / warmup, jnp.sqrt(warmup / s))
+
+  return schedule
+
+
+def make_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Adam (b1, b2, eps of the config), optional global-norm clipping and decoupled weight decay
+  (matrices only), scaled by `learning_rate_schedule`."""
+  transforms = []
+  if train_config.grad_clip_norm > 0:
+    transforms.append(optax.clip_by_global_norm(train_config.grad_clip_norm))
+  transforms.append(optax.scale_by_adam(b1=train_config.adam_b1, b2=train_config.adam_b2,
+                                        eps=train_config.adam_eps))
+  if train_config.weight_decay > 0:
+    transforms.append(optax.add_decayed_weights(
+        train_config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
+  transforms.append(optax.scale_by_learning_rate(learning_rate_schedule(train_config)))
+  return optax.chain(*transforms)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array, *,
+                  label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
+  """Label-smoothed cross-entropy summed over the non-padding target tokens.
+
+  The smoothed target puts 1 - label_smoothing on the target and spreads the rest evenly over
+  the other vocab entries; the entropy of that distribution is subtracted, so a perfect
+  prediction has loss 0.
+
+  Args:
+    logits: float [batch, length, vocab].
+    targets: int32 [batch, length]; PAD_ID marks padding (weight 0).
+    label_smoothing: in [0, 1).
+
+  Returns:
+    (loss_sum, weight_sum): float32 scalars, the summed loss and the number of target tokens.
+  """
+  vocab_size = logits.shape[-1]
+  confidence = 1.0 - label_smoothing
+  low = label_smoothing / (vocab_size - 1)
+  entropy = -(confidence * np.log(confidence) + (vocab_size - 1) * low * np.log(low + 1e-20))
+  soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low) + low
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+  loss = -jnp.sum(soft_targets * log_probs, axis=-1) - entropy
+  weights = (targets != tokenizer_lib.PAD_ID).astype(jnp.float32)
+  return jnp.sum(loss * weights), jnp.sum(weights)
+
+
+# --- model and state ---------------------------------------------------------------------------
+
+
+def init_train_state(model_config: model_lib.TransformerConfig,
+                     optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
+  """A fresh train state (see the module docstring for its layout) from an int seed."""
+  _, params, rng = checkpoints.split_model(checkpoints.build_model(model_config, seed))
+  return {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
+          "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+
+
+def model_from_state(graphdef: nnx.GraphDef, state: TrainState) -> model_lib.Transformer:
+  """The model with the parameters and RNG streams of `state`."""
+  return nnx.merge(graphdef, state["params"], state["rng"])
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+def _model_kwargs(batch: Batch) -> dict[str, jax.Array]:
+  return {"inputs_positions": batch["inputs_position"],
+          "targets_positions": batch["targets_position"],
+          "inputs_segmentation": batch["inputs_segmentation"],
+          "targets_segmentation": batch["targets_segmentation"]}
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
+               optimizer: optax.GradientTransformation,
+               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One update on a global batch. Non-finite loss or gradient: the update is not applied.
+
+  Args:
+    state: the train state.
+    batch: the six batch keys, int32 [batch, length], sharded over the data axis.
+    graphdef: the model structure.
+    optimizer: from `make_optimizer`.
+    label_smoothing: of the training loss.
+
+  Returns:
+    The new state and float32 scalars loss (per target token), grad_norm and finite (1.0 when
+    the update was applied, 0.0 when skipped).
+  """
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params, state["rng"])
+    logits = model(batch["inputs"], batch["targets"], deterministic=False, **_model_kwargs(batch))
+    loss_sum, weight_sum = cross_entropy(logits, batch["targets"], label_smoothing=label_smoothing)
+    return loss_sum / weight_sum, nnx.to_pure_dict(nnx.state(model, nnx.RngState))
+
+  (loss, rng), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+  params = optax.apply_updates(state["params"], updates)
+  keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+  new_state = {"step": state["step"] + 1, "rng": rng,
+               "params": keep_if_finite(params, state["params"]),
+               "opt_state": keep_if_finite(opt_state, state["opt_state"]),
+               "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+
+
+def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
+  """Sums over a batch (padding rows and tokens weigh 0) for loss and token accuracy.
+
+  Returns:
+    float32 scalars: loss_sum (plain cross-entropy), correct (argmax == target) and tokens.
+  """
+  model = model_from_state(graphdef, state)
+  logits = model(batch["inputs"], batch["targets"], deterministic=True, **_model_kwargs(batch))
+  loss_sum, tokens = cross_entropy(logits, batch["targets"])
+  weights = batch["targets"] != tokenizer_lib.PAD_ID
+  correct = jnp.sum((jnp.argmax(logits, axis=-1) == batch["targets"]) & weights)
+  return {"loss_sum": loss_sum, "correct": correct.astype(jnp.float32), "tokens": tokens}
+
+
+class Steps:
+  """The jit-compiled init, train and eval functions on a mesh (state replicated, batch rows
+  split over the data axis).
+
+  Attributes:
+    mesh: the device mesh.
+    replicated: sharding of the state.
+    batch_sharding: sharding of a batch's rows over the data axis.
+    graphdef: the model structure.
+    init: seed (int) -> a fresh train state.
+    train: (state, global batch) -> (state, metrics); the state's buffers are donated.
+    eval: (state, global batch) -> metric sums.
+  """
+
+  def __init__(self, mesh: Mesh, model_config: model_lib.TransformerConfig,
+               train_config: ml_collections.ConfigDict):
+    self.mesh = mesh
+    self.replicated = NamedSharding(mesh, PartitionSpec())
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(evaluate.DATA_AXIS))
+    self.graphdef, _, _ = checkpoints.abstract_model(model_config)
+    optimizer = make_optimizer(train_config)
+    self.init = jax.jit(functools.partial(init_train_state, model_config, optimizer),
+                        out_shardings=self.replicated)
+    self.train = jax.jit(
+        functools.partial(train_step, graphdef=self.graphdef, optimizer=optimizer,
+                          label_smoothing=train_config.label_smoothing),
+        in_shardings=(self.replicated, self.batch_sharding),
+        out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+    self.eval = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
+                        in_shardings=(self.replicated, self.batch_sharding),
+                        out_shardings=self.replicated)
+
+  def global_batch(self, local_batch: dict[str, np.ndarray]) -> Batch:
+    """Assembles this process's rows [rows/process_count, length] into a global batch."""
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(local_batch[k]))
+            for k in BATCH_KEYS}
+
+
+# The `train.*` fields the compiled steps depend on (not, e.g., num_steps or the intervals).
+STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
+               "weight_decay", "grad_clip_norm", "label_smoothing")
+
+
+def get_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
+              train_config: ml_collections.ConfigDict) -> Steps:
+  """`Steps`, shared by the runs of one process that differ only outside STEP_FIELDS (e.g. the
+  seeds of a table), so they compile once."""
+  return _cached_steps(mesh, model_config, tuple((f, train_config[f]) for f in STEP_FIELDS))
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
+                  step_fields: tuple[tuple[str, Any], ...]) -> Steps:
+  return Steps(mesh, model_config, ml_collections.ConfigDict(dict(step_fields)))
+
+
+def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, np.ndarray]]
+                  ) -> dict[str, float]:
+  """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
+  totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
+  for batch in batches:
+    sums = jax.device_get(steps.eval(state, steps.global_batch(evaluate.process_rows(batch))))
+    totals = {k: totals[k] + float(sums[k]) for k in totals}
+  loss = totals["loss_sum"] / totals["tokens"]
+  return {"loss": loss, "perplexity": float(np.exp(loss)),
+          "accuracy": totals["correct"] / totals["tokens"]}
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+
+class Preemption:
+  """SIGTERM (or, on several processes, JAX's preemption sync point) -> save and stop.
+
+  One process: a SIGTERM handler (installed from the main thread) sets a flag, checked after
+  every step. Several: JAX's preemption service agrees on the step at which all processes save.
+  """
+
+  def __init__(self):
+    self._requested = threading.Event()
+    self._handles_signal = (jax.process_count() == 1
+                            and threading.current_thread() is threading.main_thread())
+    self._previous = None
+
+  def __enter__(self) -> "Preemption":
+    if self._handles_signal:
+      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._requested.set())
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._handles_signal:
+      signal.signal(signal.SIGTERM, self._previous)
+
+  def reached(self, step: int) -> bool:
+    """Whether to save and stop after `step` (same answer on every process)."""
+    if jax.process_count() > 1:
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._requested.is_set()
+
+
+def check_divisible(config: ml_collections.ConfigDict) -> None:
+  """Batch sizes must split evenly over the devices (and the processes).
+
+  Raises:
+    ValueError: naming the field, its value and the device count.
+  """
+  for field in ("batch_size", "eval_batch_size"):
+    value = config.train[field]
+    if value % jax.device_count():
+      raise ValueError(f"config field train.{field}={value} must be divisible by the number of "
+                       f"devices ({jax.device_count()}).")
+
+
+def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes the resolved config as `workdir/config.json` (process 0)."""
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, evaluate.CONFIG_FILE), "w", encoding="utf-8") as f:
+      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+
+
+class _Recorder:
+  """Host side of the train metrics: checks finiteness, averages over a log interval.
+
+  Step t's metrics are read after step t + 1 is dispatched, so the host never stalls the
+  device except at log, eval and checkpoint steps.
+  """
+
+  def __init__(self, nonfinite: str, progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
+    self._nonfinite = nonfinite
+    self._progress = progress
+    self._last_checkpoint = last_checkpoint
+    self._pending: tuple[int, dict[str, jax.Array]] | None = None
+    self._sums = {"loss": 0.0, "grad_norm": 0.0}
+    self._count = 0
+    self._start = time.perf_counter()
+    self._steps_timed = 0
+
+  def push(self, step: int, metrics: dict[str, jax.Array]) -> None:
+    """Records the previous step and holds `metrics` of `step` until the next push or flush."""
+    self.flush()
+    self._pending = (step, metrics)
+
+  def flush(self) -> None:
+    """Reads the held step's metrics.
+
+    Raises:
+      NonFiniteError: the held step had a non-finite loss or gradient, in 'raise' mode.
+    """
+    if self._pending is None:
+      return
+    step, metrics = self._pending
+    self._pending = None
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self._steps_timed += 1
+    self._progress.update(1)
+    if not metrics["finite"]:
+      if self._nonfinite == "raise":
+        raise NonFiniteError(
+            f"non-finite loss or gradient at step {step} (loss={metrics['loss']}, "
+            f"grad_norm={metrics['grad_norm']}); nothing was saved after it, the last good "
+            f"checkpoint is step {self._last_checkpoint()}. Set train.nonfinite='skip' to skip "
+            "such updates instead.")
+      return
+    self._sums = {k: self._sums[k] + metrics[k] for k in self._sums}
+    self._count += 1
+    self._progress.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+
+  def summary(self) -> dict[str, float]:
+    """Means over the finite steps since the last summary, and steps per second."""
+    self.flush()
+    elapsed = time.perf_counter() - self._start
+    means = {k: v / self._count if self._count else float("nan") for k, v in self._sums.items()}
+    summary = {**means, "steps_per_second": self._steps_timed / elapsed}
+    self._sums = {k: 0.0 for k in self._sums}
+    self._count, self._steps_timed, self._start = 0, 0, time.perf_counter()
+    return summary
+
+
+def _is_multiple(step: int, every: int, last: int) -> bool:
+  return step % every == 0 or step == last
+
+
+def _validate(config: ml_collections.ConfigDict, task: pipeline.Task, steps: Steps,
+              state: TrainState) -> dict[str, Any]:
+  """Validation loss and accuracy, and beam-search BLEU / chrF when `decode.validation_bleu`."""
+  results = evaluate_loss(steps, state, task.eval_batches(VALIDATION_SPLIT,
+                                                          config.train.eval_batch_size))
+  if config.decode.validation_bleu:
+    scores = evaluate.score_split(model_from_state(steps.graphdef, state), task, VALIDATION_SPLIT,
+                                  config, mesh=steps.mesh)
+    results.update({k: scores[k] for k in ("bleu", "chrf", "signature", "num_sentences")})
+  return results
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes) the run of `config` in `workdir`; see the module docstring.
+
+  Args:
+    config: the run config (`configs/`); validated before any work.
+    workdir: folder of the run; created when missing, resumed from when it holds checkpoints.
+
+  Returns:
+    {"step", "preempted", "train": last train summary, "validation": last validation metrics}.
+
+  Raises:
+    ValueError: an invalid config field, or checkpoints of another architecture in `workdir`.
+    NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
+  """
+  model_config = config_validation.validate(config)
+  check_divisible(config)
+  os.makedirs(workdir, exist_ok=True)
+  task = pipeline.get_task(config.task)
+  steps = get_steps(evaluate.make_mesh(), model_config, config.train)
+  train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
+                                       shard_index=jax.process_index(),
+                                       shard_count=jax.process_count())
+  manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
+  try:
+    state = _initial_state(config, model_config, steps, manager, train_iterator)
+    write_config(config, workdir)
+    return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
+  finally:
+    manager.close()
+
+
+def _initial_state(config, model_config, steps, manager, train_iterator) -> TrainState:
+  """The latest checkpoint's state (iterator restored in place), or a fresh one."""
+  latest = manager.latest_step()
+  if latest is None:
+    return steps.init(config.seed)
+  logging.info("Resuming from %s/%d.", manager.directory, latest)
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=steps.replicated),
+      jax.eval_shape(steps.init, config.seed))
+  return checkpoints.restore(manager, latest, abstract, train_iterator)
+
+
+def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
+  """Split -> the metrics of its last record in metrics.jsonl (without step and split)."""
+  last = {}
+  for record in metrics_writer.read_metrics(workdir):
+    last[record["split"]] = {k: v for k, v in record.items() if k not in ("step", "split")}
+  return last
+
+
+def _train_summary(recorder: _Recorder, state: TrainState,
+                   schedule: optax.Schedule) -> dict[str, float]:
+  """Means since the last summary, skipped updates so far and the next update's rate."""
+  num_skipped = int(state["num_skipped"])
+  return {**recorder.summary(), "skipped_updates": num_skipped,
+          "learning_rate": float(schedule(int(state["step"]) - num_skipped))}
+
+
+def _train_loop(config, workdir, task, steps, state, manager, train_iterator) -> dict[str, Any]:
+  """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
+
+  Train metrics are logged every `log_every_steps` and at every checkpoint, so a run resumed
+  from a checkpoint averages over the same intervals as an uninterrupted one.
+  """
+  train_config = config.train
+  first, last = int(state["step"]), train_config.num_steps
+  schedule = learning_rate_schedule(train_config)
+  writer = metrics_writer.MetricsWriter(workdir, resume_step=first)
+  last_records = _last_records(workdir)
+  result = {"step": first, "preempted": False, "train": last_records.get("train", {}),
+            "validation": last_records.get(VALIDATION_SPLIT, {})}
+  progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
+                       disable=jax.process_index() != 0)
+  recorder = _Recorder(train_config.nonfinite, progress, manager.latest_step)
+  with progress, Preemption() as preemption:
+    for step in range(first + 1, last + 1):
+      state, metrics = steps.train(state, steps.global_batch(next(train_iterator)))
+      recorder.push(step, metrics)
+      preempted = preemption.reached(step)
+      evaluate_now = _is_multiple(step, train_config.eval_every_steps, last)
+      save_now = (evaluate_now or preempted
+                  or _is_multiple(step, train_config.checkpoint_every_steps, last))
+      if save_now or step % train_config.log_every_steps == 0:
+        result["train"] = _train_summary(recorder, state, schedule)
+        writer.write(step, "train", result["train"])
+      eval_metrics = None
+      if evaluate_now:
+        eval_metrics = result["validation"] = _validate(config, task, steps, state)
+        writer.write(step, VALIDATION_SPLIT, eval_metrics)
+      if save_now:
+        checkpoints.save(manager, state, train_iterator, metrics=_checkpoint_metrics(eval_metrics))
+      result["step"] = step
+      if preempted:
+        logging.warning("Preempted: saved step %d to %s.", step, manager.directory)
+        result["preempted"] = True
+        break
+    recorder.flush()
+  manager.wait_until_finished()
+  writer.close()
+  return result
+
+
+def _checkpoint_metrics(eval_metrics: dict[str, Any] | None) -> dict[str, float] | None:
+  """The numbers `checkpoints.best_metric` ranks by."""
+  if eval_metrics is None:
+    return None
+  return {k: eval_metrics[k] for k in ("bleu", "loss") if k in eval_metrics}

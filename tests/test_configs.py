@@ -1,0 +1,165 @@
+"""Configs (default, ablation rows, multi30k, wmt14_base, the k grid) and their validation."""
+import math
+import os
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from configs import ablation
+from configs import default
+from configs import multi30k
+from configs import tiny
+from configs import wmt14_base
+from relpos import config_validation
+
+ABLATION_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "ablation.py")
+
+# One invalid value per validated field (outside model.*, which TransformerConfig checks).
+INVALID = {
+    "seed": -1, "task.name": "wmt15", "task.tfds_data_dir": 3, "task.source_lang": "",
+    "task.target_lang": "", "task.manual_dir": None, "task.download_url": 1,
+    "task.vocab_size": 4, "task.spm_model_type": "wordpiece", "task.max_length": 1,
+    "task.overlong": "drop", "task.packing": 1, "task.shuffle_buffer_seed": -2,
+    "task.synthetic.seed": 1.5, "task.synthetic.num_train": 0,
+    "task.synthetic.num_validation": 0, "task.synthetic.num_test": 0,
+    "task.synthetic.num_test_long": 0, "task.synthetic.min_words": 0,
+    "task.synthetic.max_words": 0, "task.synthetic.long_min_words": 0,
+    "task.synthetic.long_max_words": 0, "train.batch_size": 0, "train.num_steps": 0,
+    "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.adam_b1": 1.0,
+    "train.adam_b2": -0.1, "train.adam_eps": 0.0, "train.weight_decay": -1.0,
+    "train.label_smoothing": 1.0, "train.grad_clip_norm": math.inf, "train.nonfinite": "ignore",
+    "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
+    "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
+    "decode.alpha": -0.5, "decode.max_decode_len": -1, "decode.validation_bleu": "yes",
+}
+
+
+def _set(config, path, value):
+  *parents, leaf = path.split(".")
+  node = config
+  for name in parents:
+    node = node[name]
+  with node.ignore_type():
+    node[leaf] = value
+
+
+def test_every_rule_has_an_invalid_case():
+  assert set(INVALID) == set(config_validation.RULES)
+
+
+@pytest.mark.parametrize("path", sorted(INVALID))
+def test_invalid_value_names_field_and_allowed_values(path):
+  config = default.get_config()
+  _set(config, path, INVALID[path])
+  rule = config_validation.RULES[path]
+  with pytest.raises(ValueError) as error:
+    config_validation.validate(config)
+  assert f"config field {path}={INVALID[path]!r} is invalid" in str(error.value)
+  assert rule.allowed in str(error.value)
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("model.position", "sinusoid", "config field model.position='sinusoid' is invalid"),
+    ("model.num_heads", 3, "config field model.num_heads=3 is invalid"),
+    ("model.max_relative_position", -1, "config field model.max_relative_position=-1"),
+])
+def test_model_fields_are_validated(path, value, message):
+  config = default.get_config()
+  _set(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    config_validation.validate(config)
+
+
+def test_cross_field_rules():
+  config = default.get_config()
+  config.task.synthetic.min_words = 20
+  with pytest.raises(ValueError, match="task.synthetic.min_words=20 must be <= "
+                                       "task.synthetic.max_words=12"):
+    config_validation.validate(config)
+  config = default.get_config()
+  config.decode.max_decode_len = 300
+  with pytest.raises(ValueError, match="decode.max_decode_len=300 must be <= model.max_len=256"):
+    config_validation.validate(config)
+
+
+def test_unknown_and_missing_fields():
+  config = default.get_config()
+  config.train.lr = 0.1
+  with pytest.raises(ValueError, match="unknown config field train.lr; train has: batch_size"):
+    config_validation.validate(config)
+  config = default.get_config()
+  del config.decode["alpha"]
+  with pytest.raises(ValueError, match="config field decode.alpha is missing"):
+    config_validation.validate(config)
+
+
+def test_default_configs_are_valid():
+  for get_config in (default.get_config, multi30k.get_config, wmt14_base.get_config,
+                     tiny.get_config):
+    model_config = config_validation.validate(get_config())
+    assert model_config.vocab_size == get_config().task.vocab_size
+
+
+def test_wmt14_base_is_the_paper_base_model():
+  config = wmt14_base.get_config()
+  model, train = config.model, config.train
+  assert (model.num_encoder_layers, model.num_decoder_layers) == (6, 6)
+  assert (model.emb_dim, model.mlp_dim, model.num_heads) == (512, 2048, 8)
+  assert (model.position, model.max_relative_position) == ("relative", 16)
+  assert (model.dropout_rate, train.label_smoothing) == (0.1, 0.1)
+  assert (train.adam_b1, train.adam_b2, train.adam_eps) == (0.9, 0.98, 1e-9)
+  assert (train.warmup_steps, train.num_steps) == (4000, 100_000)
+  assert train.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5)
+  assert (config.decode.beam_size, config.decode.alpha) == (4, 0.6)
+  assert config.task.name == "wmt14"
+
+
+@pytest.mark.parametrize("row,expected", [
+    ("abs", {"position": "absolute", "add_absolute": False}),
+    ("rel_kv", {"position": "relative", "relative_key": True, "relative_value": True}),
+    ("rel_k", {"position": "relative", "relative_key": True, "relative_value": False}),
+    ("rel_v", {"position": "relative", "relative_key": False, "relative_value": True}),
+    ("none", {"position": "none"}),
+    ("t5", {"position": "t5"}),
+    ("abs_rel_kv", {"position": "relative", "add_absolute": True}),
+    ("rope", {"position": "rope"}),
+    ("alibi", {"position": "alibi"}),
+    ("k=4", {"position": "relative", "max_relative_position": 4, "add_absolute": False}),
+])
+def test_ablation_rows(row, expected):
+  for task in ("synthetic", "multi30k", "wmt14"):
+    config = ablation.get_config(f"{row},{task}")
+    assert {k: config.model[k] for k in expected} == expected
+    assert config.task.name == task
+    config_validation.validate(config)
+  assert ablation.get_config(row).task.name == "synthetic"
+
+
+def test_k_grid_is_the_papers():
+  assert ablation.K_GRID == (0, 1, 2, 4, 16, 64, 256)
+  for k in ablation.K_GRID:
+    assert ablation.get_config(f"k={k}").model.max_relative_position == k
+
+
+@pytest.mark.parametrize("string,message", [
+    ("rel_q", "unknown ablation row 'rel_q'; allowed: abs, rel_kv"),
+    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, wmt14"),
+    ("k=x", "k must be a non-negative integer"),
+    ("rel_kv,synthetic,extra", "expected '<row>' or '<row>,<task>'"),
+])
+def test_ablation_bad_strings(string, message):
+  with pytest.raises(ValueError, match=message):
+    ablation.get_config(string)
+
+
+def test_command_line_row_task_and_overrides():
+  argv = ["prog", f"--config={ABLATION_FILE}:rel_k,multi30k",
+          "--config.model.max_relative_position=8", "--config.task.name=wmt14"]
+  flag_values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  config = holder.value
+  assert (config.model.position, config.model.relative_value) == ("relative", False)
+  assert config.model.max_relative_position == 8
+  assert (config.task.name, config.model.emb_dim) == ("wmt14", 256)

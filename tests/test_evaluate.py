@@ -1,0 +1,156 @@
+"""Evaluation: eval.py reproduces in-training validation, translates every sentence, and
+rejects bad input with errors that name it."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs import tiny
+from relpos import evaluate
+from relpos import metrics_writer
+from relpos import train
+from relpos.data import pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """(config, workdir, validation records by step) of a tiny run with evaluations at 6 and 12."""
+  config = tiny.get_config()
+  config.task.tfds_data_dir = str(tmp_path_factory.getbasetemp() / "relpos_data")
+  workdir = str(tmp_path_factory.mktemp("run"))
+  train.train_and_evaluate(config, workdir)
+  records = metrics_writer.read_metrics(workdir)
+  return config, workdir, {r["step"]: r for r in records if r["split"] == "validation"}
+
+
+def test_evaluate_reproduces_in_training_validation(run, tmp_path):
+  _, workdir, validation = run
+  for checkpoint in ("latest", "best"):
+    result = evaluate.evaluate_checkpoint(workdir, checkpoint=checkpoint, split="validation",
+                                          output_dir=str(tmp_path))
+    expected = validation[result["step"]]
+    for key in ("bleu", "chrf", "signature", "num_sentences"):
+      assert result[key] == expected[key], key
+  assert evaluate.evaluate_checkpoint(workdir, checkpoint="latest", split="validation",
+                                      output_dir=str(tmp_path))["step"] == 12
+  best = evaluate.evaluate_checkpoint(workdir, checkpoint="best", split="validation",
+                                      output_dir=str(tmp_path))
+  assert best["bleu"] == max(validation[s]["bleu"] for s in validation)
+
+
+def test_outputs_one_translation_per_sentence_and_the_json(run, tmp_path):
+  config, workdir, _ = run
+  result = evaluate.evaluate_checkpoint(workdir, checkpoint=8, split="test", beam_size=1,
+                                        alpha=0.0, output_dir=str(tmp_path))
+  assert (result["step"], result["beam_size"], result["alpha"]) == (8, 1, 0.0)
+  with open(result["translations_file"], encoding="utf-8") as f:
+    assert len(f.read().split("\n")) - 1 == config.task.synthetic.num_test
+  with open(result["translations_file"][:-len(".txt")] + ".json", encoding="utf-8") as f:
+    assert json.load(f) == result
+  assert result["num_sentences"] == config.task.synthetic.num_test
+  assert set(result) >= {"bleu", "signature", "chrf", "step"}
+
+
+def test_input_file_overlong_lines_are_translated(run, tmp_path):
+  config, workdir, _ = run
+  task_sources = pipeline.get_task(config.task).source_texts("validation")
+  long_line = " ".join(task_sources * 3)  # longer than training's max_length and model.max_len
+  sources = tmp_path / "sources.txt"
+  sources.write_text("\n".join([task_sources[0], long_line, ""]) + "\n", encoding="utf-8")
+  references = tmp_path / "references.txt"
+  references.write_text("a\nb\nc\n", encoding="utf-8")
+  result = evaluate.evaluate_checkpoint(workdir, input_file=str(sources),
+                                        reference_file=str(references), output_dir=str(tmp_path))
+  assert result["num_sentences"] == 3 and "bleu" in result
+  with open(result["translations_file"], encoding="utf-8") as f:
+    assert len(f.read().split("\n")) == 4
+
+
+class _CharTokenizer:
+  """Stands in for the SentencePiece tokenizer: one id per character, then eos."""
+
+  def encode(self, text: str) -> list[int]:
+    return [3 + ord(c) % 50 for c in text] + [1]
+
+
+def test_source_batches_keep_every_sentence_whole():
+  texts = ["x" * n for n in (5, 40, 0, 17, 3, 70, 9)]
+  seen = {}
+  for example_index, inputs in evaluate.source_batches(_CharTokenizer(), texts, 4):
+    assert inputs.shape[0] == 4 and inputs.shape[1] % evaluate.LENGTH_BUCKET == 0
+    for i, row in zip(example_index, inputs):
+      if i >= 0:
+        seen[int(i)] = int(np.sum(row != 0))
+      else:
+        assert row.tolist()[:2] == [1, 0]  # filler rows hold a lone eos
+  assert seen == {i: len(t) + 1 for i, t in enumerate(texts)}
+
+
+def test_decode_budget_follows_the_source_length():
+  decode_config = tiny.get_config().decode
+  assert evaluate.max_decode_len(16, decode_config, 256) == 42
+  assert evaluate.max_decode_len(160, decode_config, 256) == 256
+  decode_config.max_decode_len = 20
+  assert evaluate.max_decode_len(160, decode_config, 256) == 20
+
+
+def test_bad_inputs_name_the_culprit(run, tmp_path):
+  _, workdir, _ = run
+  empty = tmp_path / "empty.txt"
+  empty.write_bytes(b"")
+  with pytest.raises(ValueError, match=f"{empty} is empty"):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(empty))
+  latin1 = tmp_path / "latin1.txt"
+  latin1.write_bytes("Grüße\n".encode("latin-1"))
+  with pytest.raises(ValueError, match=rf"{latin1} is not UTF-8 text: byte 2 is b'\\xfc'"):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(latin1))
+  good = tmp_path / "good.txt"
+  good.write_text("one\ntwo\n", encoding="utf-8")
+  short = tmp_path / "short.txt"
+  short.write_text("one\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=f"{short} has 1 lines but {good} has 2"):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(good), reference_file=str(short))
+  with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
+    evaluate.evaluate_checkpoint(workdir, split="dev")
+  with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 in .*saved steps"):
+    evaluate.evaluate_checkpoint(workdir, checkpoint=5, split="validation")
+  with pytest.raises(ValueError, match="checkpoint='newest': must be 'latest', 'best' or a step"):
+    evaluate.evaluate_checkpoint(workdir, checkpoint="newest", split="validation")
+  missing = str(tmp_path / "missing")
+  with pytest.raises(FileNotFoundError, match=f"workdir {missing} does not exist"):
+    evaluate.evaluate_checkpoint(missing, split="validation")
+  with pytest.raises(FileNotFoundError, match="config.json does not exist"):
+    evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
+
+
+def test_workdir_without_checkpoint(run, tmp_path):
+  _, workdir, _ = run
+  os.symlink(os.path.join(workdir, "config.json"), tmp_path / "config.json")
+  with pytest.raises(FileNotFoundError, match=f"no checkpoint in {tmp_path}/checkpoints"):
+    evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
+
+
+def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
+  _, workdir, validation = run
+  marker = tmp_path / "executed"
+  for name in ("config.py", "__init__.py", "sitecustomize.py"):
+    with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
+      f.write(f"open({str(marker)!r}, 'w').close()\n")
+  done = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "eval.py"), f"--workdir={workdir}",
+       "--split=validation", f"--output_dir={tmp_path}"],
+      cwd=workdir, capture_output=True, text=True, check=False, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(done.stdout)
+  assert result["bleu"] == validation[12]["bleu"] and result["chrf"] == validation[12]["chrf"]
+  assert not marker.exists()
+  for folder, _, files in os.walk(workdir):
+    for name in files:
+      with open(os.path.join(folder, name), "rb") as f:
+        head = f.read(2)
+      assert not name.endswith((".pkl", ".pickle")) and head not in (b"\x80\x04", b"\x80\x05")

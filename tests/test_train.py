@@ -1,0 +1,169 @@
+"""Training: schedule, optimizer, loss, data parallelism, and tiny end-to-end runs."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+
+from configs import tiny
+from relpos import checkpoints
+from relpos import config_validation
+from relpos import metrics_writer
+from relpos import train
+
+NUM_STEPS = 12
+
+
+def tiny_config(data_dir: str, **train_overrides):
+  """configs/tiny.py with its data under `data_dir`."""
+  config = tiny.get_config()
+  config.task.tfds_data_dir = data_dir
+  config.train.update(train_overrides)
+  return config
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return str(tmp_path_factory.getbasetemp() / "relpos_data")
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory):
+  """(config, workdir, result) of an uninterrupted tiny run of NUM_STEPS steps."""
+  config = tiny_config(data_dir, num_steps=NUM_STEPS)
+  workdir = str(tmp_path_factory.mktemp("trained"))
+  return config, workdir, train.train_and_evaluate(config, workdir)
+
+
+def without_timing(records):
+  return [{k: v for k, v in r.items() if k != "steps_per_second"} for r in records]
+
+
+def test_learning_rate_schedule_warms_up_then_decays():
+  config = tiny.get_config().train
+  config.update(learning_rate=0.002, warmup_steps=4)
+  schedule = train.learning_rate_schedule(config)
+  rates = [float(schedule(count)) for count in (0, 1, 3, 15, 399)]
+  np.testing.assert_allclose(rates, [0.0005, 0.001, 0.002, 0.001, 0.0002], rtol=1e-6)
+
+
+def test_optimizer_is_adam_with_the_schedule():
+  config = tiny.get_config().train
+  config.update(learning_rate=0.01, warmup_steps=2, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
+  params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.1, -0.1])}
+  ours, reference = train.make_optimizer(config), optax.adam(
+      train.learning_rate_schedule(config), b1=0.9, b2=0.98, eps=1e-9)
+  ours_state, reference_state = ours.init(params), reference.init(params)
+  for i in range(3):
+    grads = jax.tree.map(lambda p: jnp.sin(p * (i + 1)), params)
+    ours_updates, ours_state = ours.update(grads, ours_state, params)
+    reference_updates, reference_state = reference.update(grads, reference_state, params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), ours_updates,
+                 reference_updates)
+
+
+def test_cross_entropy_with_label_smoothing_and_padding():
+  logits = jnp.log(jnp.array([[[0.7, 0.1, 0.2], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]]))
+  targets = jnp.array([[2, 1, 0]])  # the last token is padding
+  loss, tokens = train.cross_entropy(logits, targets)
+  np.testing.assert_allclose(loss, -np.log(0.2) - np.log(0.2), rtol=1e-6)
+  assert float(tokens) == 2.0
+  smoothed, _ = train.cross_entropy(logits, targets, label_smoothing=0.1)
+  soft = np.array([[0.05, 0.05, 0.9], [0.05, 0.9, 0.05]])
+  probs = np.array([[0.7, 0.1, 0.2], [0.2, 0.2, 0.6]])
+  entropy = -(0.9 * np.log(0.9) + 2 * 0.05 * np.log(0.05))
+  np.testing.assert_allclose(smoothed, np.sum(-soft * np.log(probs)) - 2 * entropy, rtol=1e-5)
+
+
+def _random_batch(rng: np.random.Generator, rows: int, length: int, vocab: int):
+  lengths = rng.integers(2, length, size=(rows, 2))
+  batch = {}
+  for column, name in enumerate(("inputs", "targets")):
+    on = np.arange(length)[None] < lengths[:, column:column + 1]
+    batch[name] = np.where(on, rng.integers(3, vocab, size=(rows, length)), 0).astype(np.int32)
+    batch[name][np.arange(rows), lengths[:, column] - 1] = 1  # eos
+    batch[f"{name}_position"] = np.where(on, np.arange(length)[None], 0).astype(np.int32)
+    batch[f"{name}_segmentation"] = on.astype(np.int32)
+  return batch
+
+
+def test_one_step_is_the_same_on_one_and_four_devices():
+  assert jax.device_count() == 4
+  config = tiny.get_config()
+  model_config = config_validation.validate(config)
+  batch = _random_batch(np.random.default_rng(0), 8, 16, config.task.vocab_size)
+  initial = None
+  outputs = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    steps = train.Steps(Mesh(np.asarray(devices), ("data",)), model_config, config.train)
+    initial = steps.init(0) if initial is None else initial
+    state, metrics = steps.train(jax.device_put(initial, steps.replicated, may_alias=False),
+                                 steps.global_batch(batch))
+    outputs.append((jax.device_get(state["params"]), jax.device_get(metrics)))
+  (params_1, metrics_1), (params_4, metrics_4) = outputs
+  np.testing.assert_allclose(metrics_1["loss"], metrics_4["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics_1["grad_norm"], metrics_4["grad_norm"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               params_1, params_4)
+
+
+def test_run_writes_config_metrics_events_and_checkpoints(trained):
+  config, workdir, result = trained
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f) == config.to_dict()
+  records = metrics_writer.read_metrics(workdir)
+  train_steps = [r["step"] for r in records if r["split"] == "train"]
+  assert train_steps == [2, 4, 6, 8, 10, 12]
+  validation = [r for r in records if r["split"] == "validation"]
+  assert [r["step"] for r in validation] == [6, 12]
+  for record in validation:
+    assert record["num_sentences"] == config.task.synthetic.num_validation
+    assert 0.0 <= record["accuracy"] <= 1.0 and record["loss"] > 0
+    assert record["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+  assert result["step"] == NUM_STEPS and not result["preempted"]
+  assert result["validation"] == {k: v for k, v in validation[-1].items()
+                                  if k not in ("step", "split")}
+  train_losses = [r["loss"] for r in records if r["split"] == "train"]
+  assert train_losses[-1] < train_losses[0]
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  manager = checkpoints.make_manager(workdir, read_only=True)
+  # Last 2 (8, 12) plus the best by validation BLEU (6 or 12).
+  assert set(manager.all_steps()) - {6} == {8, 12}
+  assert manager.best_step() in (6, 12)
+  state = checkpoints.read_state(workdir)
+  assert int(state["step"]) == NUM_STEPS and int(state["num_skipped"]) == 0
+
+
+def test_restarted_run_continues_from_its_checkpoint(trained, tmp_path):
+  config, workdir, _ = trained
+  stopped = str(tmp_path)
+  first = train.train_and_evaluate(tiny_config(config.task.tfds_data_dir, num_steps=8), stopped)
+  assert first["step"] == 8
+  second = train.train_and_evaluate(config, stopped)
+  assert second["step"] == NUM_STEPS
+  records = metrics_writer.read_metrics(stopped)
+  # Steps 1-8 ran once: the restart began at 8, not 0.
+  assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6, 8, 10, 12]
+  expected, resumed = checkpoints.read_state(workdir), checkpoints.read_state(stopped)
+  jax.tree.map(np.testing.assert_array_equal, resumed, expected)
+  uninterrupted = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
+  assert without_timing(uninterrupted) == without_timing(
+      [r for r in records if r["split"] == "train"])
+
+
+def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  config = tiny_config(data_dir)
+  config.train.nonfinite = "ignore"
+  with pytest.raises(ValueError, match="config field train.nonfinite='ignore' is invalid: must "
+                                       "be one of 'raise', 'skip'"):
+    train.train_and_evaluate(config, workdir)
+  config = tiny_config(data_dir, batch_size=6)
+  with pytest.raises(ValueError, match=r"train.batch_size=6 must be divisible by the number of "
+                                       r"devices \(4\)"):
+    train.train_and_evaluate(config, workdir)
+  assert not os.path.exists(workdir)

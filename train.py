@@ -1,0 +1,38 @@
+"""Trains a relpos model: `python train.py --config=configs/ablation.py:rel_kv --workdir=runs/x`.
+
+Any config field can be overridden, e.g. `--config.model.max_relative_position=8`. Starting
+again with the same --workdir resumes from its latest checkpoint; SIGTERM saves a checkpoint
+and exits with status 0. On several hosts pass --multihost (see relpos.evaluate.initialize_distributed).
+"""
+import json
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from relpos import evaluate
+from relpos import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/default.py", "Config file (configs/*.py[:args]).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
+                               required=True)
+_MULTIHOST = flags.DEFINE_string(
+    "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
+    "'<coordinator host:port>,<num_processes>,<process_id>'.")
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    evaluate.initialize_distributed(_MULTIHOST.value)
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, FileNotFoundError, train.NonFiniteError) as e:
+    sys.exit(f"error: {e}")
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  app.run(main)
