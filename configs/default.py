@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()
   train.batch_size = 32  # global, sequences of task.max_length tokens
-  train.num_steps = 600
+  train.num_steps = 1000
   train.learning_rate = 0.002  # peak, reached after warmup_steps
   train.warmup_steps = 150
   train.adam_b1 = 0.9
@@ -80,8 +80,8 @@ def get_config() -> ml_collections.ConfigDict:
   train.grad_clip_norm = 0.0  # 0: no clipping
   train.nonfinite = "raise"  # raise | skip
   train.log_every_steps = 50
-  train.eval_every_steps = 300
-  train.checkpoint_every_steps = 300
+  train.eval_every_steps = 500
+  train.checkpoint_every_steps = 500
   train.keep_checkpoints = 2
   train.eval_batch_size = 64
 
