@@ -11,6 +11,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 from relpos import evaluate
 
@@ -30,6 +31,8 @@ _MULTIHOST = flags.DEFINE_string(
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # Library INFO logs would drown the progress bar.
+    logging.set_verbosity(logging.WARNING)
   try:
     evaluate.initialize_distributed(_MULTIHOST.value)
     result = evaluate.evaluate_checkpoint(

@@ -2,13 +2,15 @@
 
 Any config field can be overridden, e.g. `--config.model.max_relative_position=8`. Starting
 again with the same --workdir resumes from its latest checkpoint; SIGTERM saves a checkpoint
-and exits with status 0. On several hosts pass --multihost (see relpos.evaluate.initialize_distributed).
+and exits with status 0. On several hosts pass --multihost
+(see relpos.evaluate.initialize_distributed).
 """
 import json
 import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from relpos import evaluate
@@ -26,6 +28,8 @@ _MULTIHOST = flags.DEFINE_string(
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # Library INFO logs would drown the progress bar.
+    logging.set_verbosity(logging.WARNING)
   try:
     evaluate.initialize_distributed(_MULTIHOST.value)
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

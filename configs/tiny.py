@@ -22,6 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.train.update(batch_size=8, num_steps=12, warmup_steps=4, log_every_steps=2,
                       eval_every_steps=6, checkpoint_every_steps=4, keep_checkpoints=2,
-                      eval_batch_size=8)
+                      eval_batch_size=16)
   config.decode.beam_size = 2
   return config

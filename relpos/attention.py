@@ -9,14 +9,25 @@ The functional core follows the design contract:
 
 in its efficient form: the a^K term is q . rel_key^T against the 2k+1 table rows
 ([batch, heads, q_len, 2k+1]) followed by a gather by clipped distance; the a^V term sums the
-attention weights per clipped distance (the transpose of that gather, a scatter-add into
-[batch, heads, q_len, 2k+1]) and multiplies the sums by rel_value. No [q_len, kv_len, depth]
-tensor is built.
+attention weights per clipped distance ([batch, heads, q_len, 2k+1]) and multiplies the sums by
+rel_value. No [q_len, kv_len, depth] tensor is built.
+
+Summing per distance (the a^V forward and the a^K backward) is a scatter-add in general, which
+is slow on CPU. When every pair the softmax can weigh has distance clip(j - i) (positions
+0..n-1, or positions restarting per packed segment whose mask keeps segments apart), the sums are
+the band |j - i| < k read along diagonals plus two masked row sums, and rows whose weighed pairs
+all share one distance (padding) are a row sum. This structure is checked at run time from the
+positions and the mask (`_distances`); a `lax.cond` takes the scatter-add whenever it does not
+hold, so results are exact for arbitrary positions. Without positions no check is needed.
+
+On a GPU, variants that reduce to an additive bias (none, t5, alibi, a^K without a^V) in half
+precision call `jax.nn.dot_product_attention` with cuDNN, with a^K gathered into the bias.
 
 `MultiHeadAttention` selects the position variant ('none', 'absolute', 'relative', 't5', 'rope',
 'alibi') and supports an explicit decode cache.
 """
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,14 +64,10 @@ def _check_table(table: jax.Array | None, name: str, max_distance: int, num_head
                      f"(2*max_distance+1 rows for max_distance={max_distance}), got {table.shape}.")
 
 
-def _distance_index(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
-                    rel_value: jax.Array | None, max_distance: int,
-                    query_positions: jax.Array | None,
-                    key_positions: jax.Array | None) -> jax.Array | None:
-  """Validates the inputs; returns the clipped distance index [batch or 1, 1, q_len, kv_len].
-
-  Returns None when neither relative table is given (no index needed).
-  """
+def _check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
+                  rel_value: jax.Array | None, max_distance: int,
+                  query_positions: jax.Array | None, key_positions: jax.Array | None) -> None:
+  """Raises ValueError on inconsistent shapes, tables or positions."""
   if query.ndim != 4 or key.ndim != 4:
     raise ValueError(f"query and key must be [batch, len, heads, depth], got {query.shape} and "
                      f"{key.shape}.")
@@ -69,46 +76,171 @@ def _distance_index(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   if max_distance < 0:
     raise ValueError(f"max_distance must be >= 0, got {max_distance}.")
   _, q_len, num_heads, depth = query.shape
-  kv_len = key.shape[1]
   _check_table(rel_key, "rel_key", max_distance, num_heads, depth)
   _check_table(rel_value, "rel_value", max_distance, num_heads, depth)
-  query_positions = _as_positions(query_positions, q_len, "query_positions")
-  key_positions = _as_positions(key_positions, kv_len, "key_positions")
-  if rel_key is None and rel_value is None:
+  _as_positions(query_positions, q_len, "query_positions")
+  _as_positions(key_positions, key.shape[1], "key_positions")
+
+
+class _Distances(NamedTuple):
+  """The clipped distance index of every (query, key) pair, and how sums over it may be taken.
+
+  Attributes:
+    index: int32 [batch or 1, 1, q_len, kv_len] in [0, 2k]: clip(distance) + k.
+    fast: None when index is clip(j - i) + k for every pair (no positions given); else a bool
+      scalar, True when every row is sequential (index == clip(j - i) + k) or constant over the
+      pairs its softmax can weigh: the pairs `mask` keeps in some head, or all pairs of a row
+      that a head masks completely.
+    constant_row: None, or bool [batch or 1, 1, q_len, 1]: the rows summed as constant.
+    constant_index: None, or int32 [batch or 1, 1, q_len, 1]: their one index.
+  """
+  index: jax.Array
+  fast: jax.Array | None
+  constant_row: jax.Array | None
+  constant_index: jax.Array | None
+
+
+def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array | None:
+  """bool [batch or 1, 1, q_len, kv_len]: pairs the softmax can weigh in some head (None: all).
+
+  A row that a head masks completely gets uniform weights over all its keys, so it counts whole.
+  """
+  if mask is None:
     return None
-  index = positions_lib.clipped_relative_position_index(query_positions, key_positions,
-                                                        max_distance)
-  return index[:, None]
+  mask = jnp.asarray(mask, bool)
+  mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
+  mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+  weighed = jnp.any(mask, axis=1, keepdims=True)
+  return jnp.broadcast_to(weighed, weighed.shape[:2] + (q_len, kv_len))
 
 
-def _gather_by_distance(per_distance: jax.Array, index: jax.Array) -> jax.Array:
-  """Picks per_distance[b, h, i, index[b, 0, i, j]].
+def _distances(query_positions: jax.Array | None, key_positions: jax.Array | None,
+               mask: jax.Array | None, q_len: int, kv_len: int, max_distance: int) -> _Distances:
+  """The distance index and the run-time check of the structure `_sum_by_distance` exploits."""
+  sequential = positions_lib.clipped_relative_position_index(
+      jnp.arange(q_len, dtype=jnp.int32), jnp.arange(kv_len, dtype=jnp.int32), max_distance)
+  if query_positions is None and key_positions is None:
+    return _Distances(sequential[None, None], None, None, None)
+  index = positions_lib.clipped_relative_position_index(
+      _as_positions(query_positions, q_len, "query_positions"),
+      _as_positions(key_positions, kv_len, "key_positions"), max_distance)[:, None]
+  weighed = _pairs_weighed(mask, q_len, kv_len)
+  if weighed is None:
+    weighed = jnp.ones((1, 1, q_len, kv_len), bool)
+  is_sequential = jnp.all(~weighed | (index == sequential), axis=-1, keepdims=True)
+  high = jnp.max(jnp.where(weighed, index, -1), axis=-1, keepdims=True)
+  low = jnp.min(jnp.where(weighed, index, 2 * max_distance + 1), axis=-1, keepdims=True)
+  is_constant = high == low
+  return _Distances(index, jnp.all(is_sequential | is_constant), ~is_sequential,
+                    jnp.clip(high, 0, 2 * max_distance))
+
+
+def _sequential_sum(values: jax.Array, max_distance: int) -> jax.Array:
+  """Sums values[..., i, j] per clip(j - i, -k, k) + k, without a scatter.
 
   Args:
-    per_distance: [batch, heads, q_len, 2k+1].
-    index: int32 [batch or 1, 1, q_len, kv_len] in [0, 2k].
+    values: [batch, heads, q_len, kv_len].
+    max_distance: k.
 
   Returns:
-    [batch, heads, q_len, kv_len].
+    [batch, heads, q_len, 2k+1]: columns 1..2k-1 are the diagonals j = i + r - k (0 outside
+    the matrix), column 0 sums j - i <= -k and column 2k sums j - i >= k.
   """
+  if max_distance == 0:
+    return jnp.sum(values, axis=-1, keepdims=True)
+  q_len, kv_len = values.shape[-2:]
+  offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]
+  zero = jnp.zeros((), values.dtype)
+  # One variadic reduction reads `values` once for both edges.
+  before, after = jax.lax.reduce(
+      (jnp.where(offset <= -max_distance, values, zero),
+       jnp.where(offset >= max_distance, values, zero)), (zero, zero),
+      lambda x, y: (x[0] + y[0], x[1] + y[1]), (values.ndim - 1,))
+  before, after = before[..., None], after[..., None]
+  columns = jnp.arange(q_len)[:, None] + jnp.arange(1 - max_distance, max_distance)[None, :]
+  inside = (columns >= 0) & (columns < kv_len)
+  diagonals = jnp.take_along_axis(values, jnp.clip(columns, 0, kv_len - 1)[None, None], axis=-1,
+                                  mode="promise_in_bounds", wrap_negative_indices=False)
+  return jnp.concatenate([before, jnp.where(inside, diagonals, 0), after], axis=-1)
+
+
+def _scatter_sum(values: jax.Array, index: jax.Array, num_distances: int) -> jax.Array:
+  """Sums values[b, h, i, j] into bucket index[b, 0, i, j]: the transpose of the gather."""
+  shape = jax.ShapeDtypeStruct(values.shape[:-1] + (num_distances,), values.dtype)
+  gather = functools.partial(_take, index=index)
+  (sums,) = jax.linear_transpose(gather, shape)(values)
+  return sums
+
+
+def _take(per_distance: jax.Array, index: jax.Array) -> jax.Array:
+  """per_distance[b, h, i, index[b, 0, i, j]]: [batch, heads, q_len, kv_len]."""
   return jnp.take_along_axis(per_distance, index, axis=-1, mode="promise_in_bounds",
                              wrap_negative_indices=False)
 
 
-def _sum_by_distance(weights: jax.Array, index: jax.Array, num_distances: int) -> jax.Array:
-  """Sums weights[b, h, i, j] into bucket index[b, 0, i, j]: the transpose of the gather.
+def _sum_by_distance(values: jax.Array, distances: _Distances, max_distance: int) -> jax.Array:
+  """Sums values [batch, heads, q_len, kv_len] per distance index -> [..., q_len, 2k+1].
 
-  Args:
-    weights: [batch, heads, q_len, kv_len].
-    index: int32 [batch or 1, 1, q_len, kv_len] in [0, num_distances).
-    num_distances: 2k+1.
-
-  Returns:
-    [batch, heads, q_len, num_distances] (a scatter-add; its gradient is the gather).
+  Exact for arbitrary positions provided `values` vanish on the pairs `distances` was checked
+  without (softmax weights, and the logits' cotangents, are 0 where the mask removes a pair).
   """
-  shape = jax.ShapeDtypeStruct(weights.shape[:-1] + (num_distances,), weights.dtype)
-  (sums,) = jax.linear_transpose(lambda table: _gather_by_distance(table, index), shape)(weights)
-  return sums
+  if distances.fast is None:
+    return _sequential_sum(values, max_distance)
+  num_distances = 2 * max_distance + 1
+
+  def structured(values: jax.Array) -> jax.Array:
+    constant = (jnp.sum(values, axis=-1, keepdims=True)
+                * (jnp.arange(num_distances) == distances.constant_index).astype(values.dtype))
+    return jnp.where(distances.constant_row, constant, _sequential_sum(values, max_distance))
+
+  return jax.lax.cond(distances.fast, structured,
+                      functools.partial(_scatter_sum, index=distances.index,
+                                        num_distances=num_distances), values)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gather_by_distance(per_distance: jax.Array, distances: _Distances,
+                        max_distance: int) -> jax.Array:
+  """per_distance [batch, heads, q_len, 2k+1] read at each pair's index: [..., q_len, kv_len].
+
+  Its gradient is `_sum_by_distance` (valid because the logits' cotangent vanishes off the
+  pairs the mask keeps).
+  """
+  del max_distance
+  return _take(per_distance, distances.index)
+
+
+def _gather_fwd(per_distance, distances, max_distance):
+  return _gather_by_distance(per_distance, distances, max_distance), distances
+
+
+def _gather_bwd(max_distance, distances, cotangent):
+  return _sum_by_distance(cotangent, distances, max_distance), None
+
+
+_gather_by_distance.defvjp(_gather_fwd, _gather_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _weights_by_distance(weights: jax.Array, distances: _Distances,
+                         max_distance: int) -> jax.Array:
+  """Attention weights [batch, heads, q_len, kv_len] summed per distance: [..., q_len, 2k+1].
+
+  Its gradient is the gather by distance.
+  """
+  return _sum_by_distance(weights, distances, max_distance)
+
+
+def _weights_by_distance_fwd(weights, distances, max_distance):
+  return _weights_by_distance(weights, distances, max_distance), distances
+
+
+def _weights_by_distance_bwd(max_distance, distances, cotangent):
+  del max_distance
+  return _take(cotangent, distances.index), None
+
+
+_weights_by_distance.defvjp(_weights_by_distance_fwd, _weights_by_distance_bwd)
 
 
 def _table_einsum(lhs: str, table: jax.Array, out: str) -> str:
@@ -116,16 +248,22 @@ def _table_einsum(lhs: str, table: jax.Array, out: str) -> str:
   return f"{lhs},{'rd' if table.ndim == 2 else 'hrd'}->{out}"
 
 
+def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances,
+                     max_distance: int) -> jax.Array:
+  """a^K term query_i . rel_key[distance(i, j)] for a pre-scaled query: [b, h, q_len, kv_len]."""
+  per_distance = jnp.einsum(_table_einsum("bqhd", rel_key, "bhqr"), query,
+                            rel_key.astype(query.dtype))
+  return _gather_by_distance(per_distance, distances, max_distance)
+
+
 def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
-             index: jax.Array | None, bias: jax.Array | None,
+             distances: _Distances | None, max_distance: int, bias: jax.Array | None,
              mask: jax.Array | None) -> jax.Array:
   """Attention weights [batch, heads, q_len, kv_len] in float32 (inputs already validated)."""
   query = query * query.shape[-1] ** -0.5
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
   if rel_key is not None:
-    per_distance = jnp.einsum(_table_einsum("bqhd", rel_key, "bhqr"), query,
-                              rel_key.astype(query.dtype))
-    logits = logits + _gather_by_distance(per_distance, index)
+    logits = logits + _relative_logits(query, rel_key, distances, max_distance)
   logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias
@@ -154,9 +292,40 @@ def relative_attention_weights(query: jax.Array, key: jax.Array, *,
   Returns:
     float32 [batch, heads, q_len, kv_len], rows summing to 1.
   """
-  index = _distance_index(query, key, rel_key, None, max_distance, query_positions,
-                          key_positions)
-  return _weights(query, key, rel_key, index, bias, mask)
+  _check_inputs(query, key, rel_key, None, max_distance, query_positions, key_positions)
+  distances = None if rel_key is None else _distances(
+      query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
+  return _weights(query, key, rel_key, distances, max_distance, bias, mask)
+
+
+def _as_4d(x: jax.Array | None) -> jax.Array | None:
+  """Adds leading axes up to rank 4 (for jax.nn.dot_product_attention)."""
+  return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
+
+
+def _cudnn_applies(query: jax.Array, key: jax.Array, value: jax.Array,
+                   rel_value: jax.Array | None, dropout: bool) -> bool:
+  """Whether the cuDNN fused kernel can run this call: GPU, fp16/bf16, even lengths, a bias."""
+  depth = query.shape[-1]
+  return (jax.default_backend() == "gpu" and rel_value is None and not dropout
+          and query.dtype in (jnp.bfloat16, jnp.float16)
+          and query.dtype == key.dtype == value.dtype and depth % 8 == 0 and depth <= 128
+          and query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0)
+
+
+def _bias_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                    rel_key: jax.Array | None, distances: _Distances | None, max_distance: int,
+                    bias: jax.Array | None, mask: jax.Array | None,
+                    implementation: str | None) -> jax.Array:
+  """`jax.nn.dot_product_attention` with a^K gathered into the additive bias (no a^V)."""
+  if rel_key is not None:
+    scaled = query * query.shape[-1] ** -0.5
+    relative = _relative_logits(scaled, rel_key, distances, max_distance)
+    bias = relative if bias is None else relative + bias
+  return jax.nn.dot_product_attention(
+      query, key, value, bias=None if bias is None else _as_4d(bias).astype(query.dtype),
+      mask=_as_4d(None if mask is None else jnp.asarray(mask, bool)),
+      implementation=implementation)
 
 
 def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
@@ -195,16 +364,23 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
     raise ValueError(f"value {value.shape} must have the shape of key {key.shape}.")
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
-  index = _distance_index(query, key, rel_key, rel_value, max_distance, query_positions,
-                          key_positions)
-  weights = _weights(query, key, rel_key, index, bias, mask)
-  if dropout_rate > 0.0 and dropout_rng is not None:
+  _check_inputs(query, key, rel_key, rel_value, max_distance, query_positions, key_positions)
+  distances = None
+  if rel_key is not None or rel_value is not None:
+    distances = _distances(query_positions, key_positions, mask, query.shape[1], key.shape[1],
+                           max_distance)
+  dropout = dropout_rate > 0.0 and dropout_rng is not None
+  if _cudnn_applies(query, key, value, rel_value, dropout):
+    return _bias_attention(query, key, value, rel_key, distances, max_distance, bias, mask,
+                           "cudnn")
+  weights = _weights(query, key, rel_key, distances, max_distance, bias, mask)
+  if dropout:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
   if rel_value is not None:
     # Summed in float32: an edge bucket collects up to kv_len - k weights.
-    per_distance = _sum_by_distance(weights, index, rel_value.shape[-2]).astype(value.dtype)
+    per_distance = _weights_by_distance(weights, distances, max_distance).astype(value.dtype)
     out = out + jnp.einsum(_table_einsum("bhqr", rel_value, "bqhd"), per_distance,
                            rel_value.astype(value.dtype))
   return out

@@ -116,10 +116,10 @@ def save(manager: ocp.CheckpointManager, state: dict[str, PyTree],
 
 
 def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:
-  """The step of `checkpoint`: "latest", "best" or a step number.
+  """The step of `checkpoint`: "latest", "best" (by validation metrics) or a step number.
 
   Raises:
-    FileNotFoundError: no checkpoint, or not that step.
+    FileNotFoundError: no checkpoint, not that step, or (for "best") none evaluated.
     ValueError: `checkpoint` is none of the allowed forms.
   """
   steps = manager.all_steps()
@@ -129,6 +129,9 @@ def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:
   if checkpoint == "latest":
     return manager.latest_step()
   if checkpoint == "best":
+    if manager.best_step() is None:
+      raise FileNotFoundError(f"no checkpoint in {where} was evaluated (none has validation "
+                              f"metrics); saved steps: {sorted(steps)}. Use 'latest' or a step.")
     return manager.best_step()
   if isinstance(checkpoint, int) or (isinstance(checkpoint, str) and checkpoint.isdigit()):
     if int(checkpoint) not in steps:
@@ -149,7 +152,8 @@ def check_architecture(manager: ocp.CheckpointManager, step: int, abstract_param
     ValueError: naming the first parameter that is missing, extra, or of another shape.
   """
   saved = manager.item_metadata(step)["state"].tree["params"]
-  saved_shapes = {_path_str(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(saved)}
+  saved_shapes = {_path_str(p): tuple(m.shape)
+                  for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted = {_path_str(p): tuple(a.shape)
             for p, a in jax.tree_util.tree_leaves_with_path(abstract_params)}
   where = os.path.join(str(manager.directory), str(step))
@@ -162,8 +166,9 @@ def check_architecture(manager: ocp.CheckpointManager, step: int, abstract_param
                        f"the config builds {shape}: the config describes another architecture.")
   extra = sorted(set(saved_shapes) - set(wanted))
   if extra:
-    raise ValueError(f"checkpoint {where} has parameter {extra[0]} (shape {saved_shapes[extra[0]]}) "
-                     "that the config does not build: the config describes another architecture.")
+    raise ValueError(f"checkpoint {where} has parameter {extra[0]} (shape "
+                     f"{saved_shapes[extra[0]]}) that the config does not build: the config "
+                     "describes another architecture.")
 
 
 def _with_sharding(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
@@ -208,22 +213,24 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str, PyTree],
-            data_iterator: grain.DatasetIterator | None = None) -> dict[str, PyTree]:
-  """Restores the train state saved at `step` (and the iterator position, when given).
+            data_iterator: grain.DatasetIterator) -> dict[str, PyTree]:
+  """Restores the train state saved at `step` and the data iterator's position.
 
   Args:
     manager: from `make_manager`.
     step: a saved step.
     abstract_state: jax.ShapeDtypeStruct leaves (with shardings) of the state to restore;
       PRNG keys as typed keys.
-    data_iterator: restored in place to the saved position when given.
+    data_iterator: set in place to the position saved at `step`.
 
   Returns:
     The state, laid out with the shardings of `abstract_state`.
+
+  Raises:
+    ValueError: naming the first parameter whose shape differs from the config's.
   """
   check_architecture(manager, step, abstract_state["params"])
-  items = {"state": ocp.args.StandardRestore(keys_to_data(abstract_state))}
-  if data_iterator is not None:
-    items["data"] = grain_checkpoint.CheckpointRestore(data_iterator)
-  restored = manager.restore(step, args=ocp.args.Composite(**items))
+  restored = manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
+      data=grain_checkpoint.CheckpointRestore(data_iterator)))
   return data_to_keys(restored["state"], abstract_state)

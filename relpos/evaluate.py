@@ -4,8 +4,8 @@
 does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training numbers.
 
 Every sentence is translated: sources are batched by length and padded to a length bucket,
-never filtered or truncated, and each batch may decode up to 2 * source length + 10 tokens
-(capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are sacreBLEU (cased,
+never filtered or truncated, and each batch may decode up to 2 * (its padded source length)
++ 10 tokens (capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are sacreBLEU (cased,
 13a tokenization) and chrF on detokenized output (`Tokenizer.decode`) against the raw
 reference text, with their signatures.
 
@@ -108,9 +108,8 @@ def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], bat
 
 
 def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
-                    config: ml_collections.ConfigDict, *, mesh: Mesh,
-                    beam_size: int | None = None, alpha: float | None = None) -> list[str]:
-  """Translates every text with beam search (greedy when the beam size is 1).
+                    config: ml_collections.ConfigDict, *, mesh: Mesh) -> list[str]:
+  """Translates every text with beam search (greedy when decode.beam_size is 1).
 
   Args:
     model: a Transformer.
@@ -118,21 +117,17 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     texts: the sources.
     config: the run config (decode.*, model.max_len, train.eval_batch_size).
     mesh: devices the batch rows are split over.
-    beam_size: overrides decode.beam_size.
-    alpha: overrides decode.alpha.
 
   Returns:
     The detokenized translations, in the order of `texts`.
   """
-  beam_size = config.decode.beam_size if beam_size is None else beam_size
-  alpha = config.decode.alpha if alpha is None else alpha
   sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
   translations: list[str] = [""] * len(texts)
   for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
     local = process_rows({"inputs": inputs})["inputs"]
     tokens = decode.translate(
-        model, jax.make_array_from_process_local_data(sharding, local), beam_size=beam_size,
-        alpha=alpha, max_decode_len=max_decode_len(inputs.shape[1], config.decode,
+        model, jax.make_array_from_process_local_data(sharding, local),
+        beam_size=config.decode.beam_size, alpha=config.decode.alpha, max_decode_len=max_decode_len(inputs.shape[1], config.decode,
                                                    config.model.max_len),
         eos_id=tokenizer_lib.EOS_ID)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
@@ -153,15 +148,14 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
 
 
 def score_split(model: nnx.Module, task: pipeline.Task, split: str,
-                config: ml_collections.ConfigDict, *, mesh: Mesh, beam_size: int | None = None,
-                alpha: float | None = None) -> dict[str, Any]:
-  """Translates a whole split and scores it against its raw references.
+                config: ml_collections.ConfigDict, *, mesh: Mesh) -> dict[str, Any]:
+  """Translates a whole split (decode.* of `config`) and scores it against its references.
 
   Returns:
     `score`'s dict plus "translations" (list of str, in split order).
   """
   translations = translate_texts(model, task.tokenizer, task.source_texts(split), config,
-                                 mesh=mesh, beam_size=beam_size, alpha=alpha)
+                                 mesh=mesh)
   return {**score(translations, task.target_texts(split)), "translations": translations}
 
 
@@ -224,25 +218,17 @@ def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: s
   return model, step
 
 
-def _sources_and_references(task_name: str, task: pipeline.Task, split: str | None,
-                            input_file: str | None, reference_file: str | None
-                            ) -> tuple[str, list[str], list[str] | None]:
-  """(name for output files, sources, references or None) of a split or an input file."""
-  if (split is None) == (input_file is None):
-    raise ValueError("give exactly one of split and input_file.")
-  if split is not None:
-    if split not in task.splits:
-      raise ValueError(f"split={split!r} is not a split of task {task_name!r}; "
-                       f"allowed: {', '.join(task.splits)}.")
-    return split, task.source_texts(split), task.target_texts(split)
+def _file_sentences(input_file: str, reference_file: str | None
+                    ) -> tuple[list[str], list[str] | None]:
+  """(sources, references or None) of an input file and its optional reference file."""
   sources = read_sentences(input_file)
   if reference_file is None:
-    return os.path.basename(input_file), sources, None
+    return sources, None
   references = read_sentences(reference_file)
   if len(references) != len(sources):
     raise ValueError(f"{reference_file} has {len(references)} lines but {input_file} has "
                      f"{len(sources)}: one reference per source line is needed.")
-  return os.path.basename(input_file), sources, references
+  return sources, references
 
 
 def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split: str | None = None,
@@ -277,24 +263,40 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if alpha is not None:
     config.decode.alpha = alpha
   config_validation.validate(config)
+  if (split is None) == (input_file is None):
+    raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
+                     f"split={split!r}, input_file={input_file!r}.")
+  if input_file is not None:  # Bad files fail before any work.
+    name = os.path.basename(input_file)
+    sources, references = _file_sentences(input_file, reference_file)
   mesh = make_mesh()
-  task = pipeline.get_task(config.task)
-  name, sources, references = _sources_and_references(config.task.name, task, split, input_file,
-                                                      reference_file)
   model, step = restore_model(workdir, config, checkpoint, mesh)
-  translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
+  task = pipeline.get_task(config.task)
+  if split is not None:
+    if split not in task.splits:
+      raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "
+                       f"allowed: {', '.join(task.splits)}.")
+    name, scores = split, score_split(model, task, split, config, mesh=mesh)
+    translations = scores.pop("translations")
+  else:
+    translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
+    scores = {} if references is None else score(translations, references)
   output_dir = output_dir or os.path.join(workdir, EVAL_DIR)
   stem = os.path.join(output_dir, f"{name}.step{step}.beam{config.decode.beam_size}"
                                   f".alpha{config.decode.alpha}")
   results = {"step": step, "checkpoint": str(checkpoint), "beam_size": config.decode.beam_size,
              "alpha": config.decode.alpha, "num_sentences": len(translations),
-             "translations_file": stem + ".txt"}
-  if references is not None:
-    results.update(score(translations, references))
-  if jax.process_index() == 0:
-    os.makedirs(output_dir, exist_ok=True)
-    with open(stem + ".txt", "w", encoding="utf-8") as f:
-      f.writelines(t + "\n" for t in translations)
-    with open(stem + ".json", "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=2)
+             "translations_file": stem + ".txt", **scores}
+  _write_outputs(stem, translations, results)
   return results
+
+
+def _write_outputs(stem: str, translations: Sequence[str], results: dict[str, Any]) -> None:
+  """`<stem>.txt` (one translation a line) and `<stem>.json` (results), from process 0."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(stem), exist_ok=True)
+  with open(stem + ".txt", "w", encoding="utf-8") as f:
+    f.writelines(t + "\n" for t in translations)
+  with open(stem + ".json", "w", encoding="utf-8") as f:
+    json.dump(results, f, indent=2)

@@ -25,7 +25,10 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 
 
 class MetricsWriter:
-  """Appends metric records to `metrics.jsonl` and TensorBoard scalars under `tensorboard/`."""
+  """Appends metric records to `metrics.jsonl` and TensorBoard scalars under `tensorboard/`.
+
+  A context manager: leaving it closes the TensorBoard writer.
+  """
 
   def __init__(self, workdir: str, *, resume_step: int):
     """Opens the writers.
@@ -56,6 +59,9 @@ class MetricsWriter:
         self._tensorboard.add_scalar(f"{split}/{name}", value, step)
     self._tensorboard.flush()
 
-  def close(self) -> None:
+  def __enter__(self) -> "MetricsWriter":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
     if self._active:
       self._tensorboard.close()

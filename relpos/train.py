@@ -23,11 +23,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 from flax import nnx
@@ -222,7 +224,8 @@ class Steps:
 
   def global_batch(self, local_batch: dict[str, np.ndarray]) -> Batch:
     """Assembles this process's rows [rows/process_count, length] into a global batch."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(local_batch[k]))
+    return {k: jax.make_array_from_process_local_data(self.batch_sharding,
+                                                      np.asarray(local_batch[k]))
             for k in BATCH_KEYS}
 
 
@@ -301,11 +304,33 @@ def check_divisible(config: ml_collections.ConfigDict) -> None:
                        f"devices ({jax.device_count()}).")
 
 
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"a": {"b": 1}} -> {"a.b": 1}."""
+  flat = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{name}."))
+    else:
+      flat[f"{prefix}{name}"] = value
+  return flat
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config as `workdir/config.json` (process 0)."""
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, evaluate.CONFIG_FILE), "w", encoding="utf-8") as f:
-      json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+  """Writes the resolved config as `workdir/config.json` (process 0), warning about the fields
+  that differ from the config.json of an earlier start."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, evaluate.CONFIG_FILE)
+  resolved = config.to_dict()
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      before, after = _flatten(json.load(f)), _flatten(resolved)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if changed:
+      logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
+          f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(resolved, f, indent=2, sort_keys=True)
 
 
 class _Recorder:
@@ -393,11 +418,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     {"step", "preempted", "train": last train summary, "validation": last validation metrics}.
 
   Raises:
-    ValueError: an invalid config field, or checkpoints of another architecture in `workdir`.
+    ValueError: an invalid config field, a workdir that is a file, or checkpoints of another
+      architecture in `workdir`.
     NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
   """
   model_config = config_validation.validate(config)
   check_divisible(config)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
   task = pipeline.get_task(config.task)
   steps = get_steps(evaluate.make_mesh(), model_config, config.train)
@@ -406,19 +434,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                        shard_count=jax.process_count())
   manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
   try:
-    state = _initial_state(config, model_config, steps, manager, train_iterator)
+    state = _initial_state(config, steps, manager, train_iterator)
     write_config(config, workdir)
     return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
   finally:
     manager.close()
 
 
-def _initial_state(config, model_config, steps, manager, train_iterator) -> TrainState:
+def _initial_state(config: ml_collections.ConfigDict, steps: Steps,
+                   manager: ocp.CheckpointManager,
+                   train_iterator: grain.DatasetIterator) -> TrainState:
   """The latest checkpoint's state (iterator restored in place), or a fresh one."""
   latest = manager.latest_step()
   if latest is None:
     return steps.init(config.seed)
-  logging.info("Resuming from %s/%d.", manager.directory, latest)
+  logging.warning("Resuming from step %d (%s).", latest, manager.directory)
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=steps.replicated),
       jax.eval_shape(steps.init, config.seed))
@@ -441,7 +471,9 @@ def _train_summary(recorder: _Recorder, state: TrainState,
           "learning_rate": float(schedule(int(state["step"]) - num_skipped))}
 
 
-def _train_loop(config, workdir, task, steps, state, manager, train_iterator) -> dict[str, Any]:
+def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.Task,
+                steps: Steps, state: TrainState, manager: ocp.CheckpointManager,
+                train_iterator: grain.DatasetIterator) -> dict[str, Any]:
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
 
   Train metrics are logged every `log_every_steps` and at every checkpoint, so a run resumed
@@ -450,14 +482,14 @@ def _train_loop(config, workdir, task, steps, state, manager, train_iterator) ->
   train_config = config.train
   first, last = int(state["step"]), train_config.num_steps
   schedule = learning_rate_schedule(train_config)
-  writer = metrics_writer.MetricsWriter(workdir, resume_step=first)
   last_records = _last_records(workdir)
   result = {"step": first, "preempted": False, "train": last_records.get("train", {}),
             "validation": last_records.get(VALIDATION_SPLIT, {})}
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
   recorder = _Recorder(train_config.nonfinite, progress, manager.latest_step)
-  with progress, Preemption() as preemption:
+  with (progress, Preemption() as preemption,
+        metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
     for step in range(first + 1, last + 1):
       state, metrics = steps.train(state, steps.global_batch(next(train_iterator)))
       recorder.push(step, metrics)
@@ -481,7 +513,6 @@ def _train_loop(config, workdir, task, steps, state, manager, train_iterator) ->
         break
     recorder.flush()
   manager.wait_until_finished()
-  writer.close()
   return result
 
 

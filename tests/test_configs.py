@@ -21,6 +21,7 @@ INVALID = {
     "task.target_lang": "", "task.manual_dir": None, "task.download_url": 1,
     "task.vocab_size": 4, "task.spm_model_type": "wordpiece", "task.max_length": 1,
     "task.overlong": "drop", "task.packing": 1, "task.shuffle_buffer_seed": -2,
+    "task.spm_seed": -3,
     "task.synthetic.seed": 1.5, "task.synthetic.num_train": 0,
     "task.synthetic.num_validation": 0, "task.synthetic.num_test": 0,
     "task.synthetic.num_test_long": 0, "task.synthetic.min_words": 0,

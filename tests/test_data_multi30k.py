@@ -51,6 +51,18 @@ def test_shared_files_read_in_full():
   assert multi30k.available_splits(SHARED, "en", "de") == list(multi30k.REQUIRED_SPLITS)
 
 
+def test_builder_on_the_shared_folder(tmp_path):
+  if not os.path.isdir(SHARED):
+    pytest.skip(f"Multi30K is not at {SHARED}")
+  dataset = multi30k.load(_task_config(tmp_path, manual_dir=SHARED), str(tmp_path))
+  sources = dataset.data_sources()
+  assert {s: len(sources[s]) for s in dataset.splits} == {
+      "train": 29000, "validation": 1014, "test_2016_flickr": 1000}
+  first = sources["test_2016_flickr"][0]
+  assert (first["source"].decode(), first["target"].decode()) == multi30k.read_split(
+      SHARED, "test_2016_flickr", "en", "de")[0]
+
+
 def test_builder_from_folder(raw_dir, tmp_path):
   task = pipeline.Task(_task_config(tmp_path, manual_dir=str(raw_dir)))
   assert task.splits == ("train", "validation", "test_2016_flickr")
@@ -75,19 +87,61 @@ def test_other_language_pair_and_optional_split(raw_dir, tmp_path):
   assert len(task.source_texts("test_2017_flickr")) == 40
 
 
-def test_download_through_loopback_server(raw_dir, tmp_path):
-  handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(raw_dir))
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-  thread = threading.Thread(target=server.serve_forever, daemon=True)
-  thread.start()
-  try:
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
-    task = pipeline.Task(_task_config(tmp_path, download_url=url))
-  finally:
+@pytest.fixture
+def serve(tmp_path):
+  """Serves a folder over loopback HTTP; yields a function folder -> URL base."""
+  servers = []
+
+  def start(directory) -> str:
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
+    servers.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}/"
+
+  yield start
+  for server in servers:
     server.shutdown()
-  downloaded = tmp_path / "downloads" / "multi30k"
-  assert sorted(os.listdir(downloaded)) == sorted(os.listdir(raw_dir))
+    server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+  """Serves files without logging each request to stderr."""
+
+  def log_message(self, *args):
+    del args
+
+
+def test_download_through_loopback_server(raw_dir, tmp_path, serve):
+  served = tmp_path / "served"
+  shutil.copytree(raw_dir, served)
+  shutil.copy(served / "val.en.gz", served / "test_2017_mscoco.en.gz")
+  shutil.copy(served / "val.de.gz", served / "test_2017_mscoco.de.gz")
+  url = serve(served)
+  task = pipeline.Task(_task_config(tmp_path / "tfds", download_url=url))
+  downloaded = tmp_path / "tfds" / "downloads" / "multi30k"
+  assert sorted(os.listdir(downloaded)) == sorted(os.listdir(served))  # no temporaries left
+  assert task.splits == ("train", "validation", "test_2016_flickr", "test_2017_mscoco")
   assert len(task.source_texts("train")) == 300
+  assert task.source_texts("test_2017_mscoco") == multi30k.read_lines(str(raw_dir / "val.en.gz"))
+  # Prepared: a later run needs neither the server nor the downloads.
+  shutil.rmtree(downloaded)
+  again = multi30k.load(_task_config(tmp_path / "tfds", download_url="http://127.0.0.1:9/"),
+                        str(tmp_path / "tfds"))
+  assert again.splits == task.splits
+
+
+def test_failed_download_names_the_url_and_writes_no_dataset(raw_dir, tmp_path, serve):
+  served = tmp_path / "served"
+  shutil.copytree(raw_dir, served)
+  os.remove(served / "train.de.gz")
+  url = serve(served)
+  data_dir = tmp_path / "tfds"
+  with pytest.raises(FileNotFoundError, match=f"{url}train.de.gz: HTTP Error 404"):
+    pipeline.Task(_task_config(data_dir, download_url=url))
+  assert not os.path.exists(data_dir / "multi30k")
+  assert not [f for f in os.listdir(data_dir / "downloads" / "multi30k") if "tmp" in f]
 
 
 @pytest.mark.parametrize("case", ["mismatch", "empty", "missing", "not_utf8", "not_gzip"])
@@ -111,13 +165,25 @@ def test_bad_files_name_the_file_and_write_nothing(raw_dir, tmp_path, case):
     bad.write_bytes(b"plain text, not gzip\n")
     expected = "val.de.gz is not a readable gzip file"
   data_dir = tmp_path / "tfds"
+  config = _task_config(data_dir, manual_dir=str(directory))
   with pytest.raises((ValueError, FileNotFoundError), match=expected):
-    pipeline.Task(_task_config(data_dir, manual_dir=str(directory)))
-  assert not os.path.exists(data_dir / "multi30k")  # nothing half-written
+    pipeline.Task(config)
+  assert not os.path.exists(data_dir / "multi30k")  # nothing half-written, no empty folders
+  shutil.copy(raw_dir / "val.de.gz", bad)  # fixed: the next run builds the dataset
+  assert multi30k.load(config, str(data_dir)).builder.is_prepared()
+
+
+def test_line_ends_are_not_split_further(tmp_path):
+  path = tmp_path / "x.en.gz"
+  _write_gz(path, "one\u2028still one\r\ntwo\n".encode())
+  assert multi30k.read_lines(str(path)) == ["one\u2028still one", "two"]
 
 
 def test_unknown_language_code(tmp_path):
   with pytest.raises(ValueError, match="task.target_lang='xx'.*en, de, fr, cs"):
     pipeline.Task(_task_config(tmp_path, manual_dir=str(tmp_path), target_lang="xx"))
+  with pytest.raises(ValueError, match="task.source_lang='EN'"):
+    multi30k.load(_task_config(tmp_path, source_lang="EN"), str(tmp_path))
   with pytest.raises(ValueError, match="both 'en'"):
     multi30k.Multi30kConfig("en", "en")
+  assert not os.listdir(tmp_path)

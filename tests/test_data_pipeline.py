@@ -1,154 +1,235 @@
 """Tests for relpos.data.pipeline: packing, bucketing, resume, sharding, eval batches."""
 
+import json
+from collections import Counter
+
 import numpy as np
 import pytest
 
 from configs import default
+from relpos.data import datasets
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
+
+NUM_TRAIN = 300
 
 
 def _task_config(data_dir, **fields):
   config = default.get_config().task
   config.tfds_data_dir = str(data_dir)
   config.vocab_size = 120
-  config.synthetic.update(num_train=300, num_validation=20, num_test=30, num_test_long=10)
+  config.synthetic.update(num_train=NUM_TRAIN, num_validation=20, num_test=30, num_test_long=10)
   config.update(**fields)
   return config
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-  return pipeline.Task(_task_config(tmp_path_factory.mktemp("tfds"), max_length=32))
+def data_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp("tfds")
 
 
-def _segments(row_tokens, row_segments, row_positions):
-  """The token sequences of each segment of one packed row."""
+@pytest.fixture(scope="module")
+def task(data_dir):
+  return pipeline.Task(_task_config(data_dir, max_length=32))
+
+
+@pytest.fixture(scope="module")
+def bucketed_task(data_dir):
+  return pipeline.Task(_task_config(data_dir, max_length=48, packing=False))
+
+
+def _key(inputs, targets) -> tuple:
+  return tuple(inputs), tuple(targets)
+
+
+def _segments(batch) -> list[tuple]:
+  """The (inputs, targets) token sequences of every packed segment of a batch.
+
+  Also checks each row: positions restart at 0 in every segment, padding is PAD_ID with
+  position and segment 0, and inputs and targets hold the same segments.
+  """
   out = []
-  for segment in range(1, row_segments.max() + 1):
-    where = row_segments == segment
-    np.testing.assert_array_equal(row_positions[where], np.arange(where.sum()))
-    out.append(tuple(row_tokens[where]))
+  for row in range(len(batch["inputs"])):
+    sides = {}
+    for key in pipeline.FEATURES:
+      tokens, segments = batch[key][row], batch[f"{key}_segmentation"][row]
+      positions = batch[f"{key}_position"][row]
+      ids = [s for s in np.unique(segments) if s]
+      assert ids == list(range(1, len(ids) + 1))
+      for s in ids:
+        np.testing.assert_array_equal(positions[segments == s], np.arange((segments == s).sum()))
+      assert not tokens[segments == 0].any() and not positions[segments == 0].any()
+      sides[key] = [tokens[segments == s] for s in ids]
+    assert len(sides["inputs"]) == len(sides["targets"])
+    out += [_key(i, t) for i, t in zip(sides["inputs"], sides["targets"])]
   return out
 
 
-def test_packed_batches_keep_every_token_and_restart_positions(task):
-  iterator = task.train_iterator(8, seed=0)
+def _examples(task, shard_index=0, shard_count=1) -> Counter:
   examples, _ = task.train_examples()
-  seen, tokens_in_batches = [], 0
-  for _ in range(5):
+  return Counter(_key(examples[i]["inputs"], examples[i]["targets"])
+                 for i in range(shard_index, len(examples), shard_count))
+
+
+def _segments_until(iterator, size: int) -> Counter:
+  """Segments of the batches [8, 32] until at least `size` were seen."""
+  seen = []
+  while len(seen) < size:
     batch = next(iterator)
-    tokens_in_batches += int((batch["inputs"] != tokenizer_lib.PAD_ID).sum())
-    assert set(batch) == set(pipeline.BATCH_KEYS)
     assert all(v.shape == (8, 32) and v.dtype == np.int32 for v in batch.values())
-    for row in range(8):
-      inputs = _segments(batch["inputs"][row], batch["inputs_segmentation"][row],
-                         batch["inputs_position"][row])
-      targets = _segments(batch["targets"][row], batch["targets_segmentation"][row],
-                          batch["targets_position"][row])
-      assert len(inputs) == len(targets)
-      seen += list(zip(inputs, targets))
-      padding = batch["inputs_segmentation"][row] == 0
-      assert (batch["inputs"][row][padding] == tokenizer_lib.PAD_ID).all()
-  # Consecutive stream examples, whole: every token of each of them is in the batches.
-  consumed = iterator.get_state()["position"]
-  assert len(seen) == consumed
-  bank = {(tuple(e["inputs"]), tuple(e["targets"])) for e in examples}
-  assert all(pair in bank for pair in seen)
-  assert tokens_in_batches == sum(len(s) for s, _ in seen)
-  assert len(seen) > 8 * 5  # packing put several sentences in a row
+    seen += _segments(batch)
+  return Counter(seen)
 
 
-def test_iterator_state_restores_the_same_next_batches(task):
+def _assert_covers(seen: Counter, expected: Counter):
+  """`seen` holds every expected example; the surplus is the start of a second epoch."""
+  assert seen.total() >= expected.total()
+  assert not expected - seen
+  assert (seen - expected).total() == seen.total() - expected.total()
+
+
+def test_packing_restarts_positions_and_loses_no_token(task):
+  """The batches hold whole, consecutive examples of the shuffled stream: once at least one
+  epoch's worth was packed, every example is there."""
+  expected = _examples(task)
+  seen = _segments_until(task.train_iterator(8, seed=0), expected.total())
+  _assert_covers(seen, expected)
+  assert seen.total() > 8 * 3  # packing put several sentences in a row
+
+
+def test_hosts_pack_disjoint_shards(task):
+  with pytest.raises(ValueError, match="not divisible by 3 hosts"):
+    task.train_iterator(8, seed=0, shard_count=3)
+  for host in range(2):
+    expected = _examples(task, host, 2)
+    _assert_covers(_segments_until(
+        task.train_iterator(16, seed=0, shard_index=host, shard_count=2), expected.total()),
+                   expected)
+
+
+def _assert_same_batches(iterator, expected):
+  for want in expected:
+    got = next(iterator)
+    assert got.keys() == want.keys()
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
+
+
+@pytest.mark.parametrize("fixture", ["task", "bucketed_task"])
+def test_restored_iterator_yields_the_same_next_batches(fixture, request):
+  task = request.getfixturevalue(fixture)
   iterator = task.train_iterator(8, seed=3)
-  for _ in range(3):
+  for _ in range(20):  # past the first bucketing window
     next(iterator)
-  state = iterator.get_state()
+  state = json.loads(json.dumps(iterator.get_state()))  # as saved with a checkpoint
   expected = [next(iterator) for _ in range(4)]
   fresh = task.train_iterator(8, seed=3)
   fresh.set_state(state)
-  for want in expected:
-    got = next(fresh)
-    for key in pipeline.BATCH_KEYS:
-      np.testing.assert_array_equal(got[key], want[key])
+  _assert_same_batches(fresh, expected)
+  _assert_same_batches(task.train_iterator(8, seed=3), [next(task.train_iterator(8, seed=3))])
   other_seed = next(task.train_iterator(8, seed=4))
-  assert not np.array_equal(other_seed["inputs"], expected[0]["inputs"])
+  assert not np.array_equal(other_seed["inputs"], next(task.train_iterator(8, seed=3))["inputs"])
 
 
-def test_epochs_are_reshuffled_and_hosts_get_disjoint_shards(task):
-  examples, _ = task.train_examples()
-  n = len(examples)
-  stream = task.train_iterator(8, seed=0)._stream  # pylint: disable=protected-access
-  first = [tuple(stream[i]["inputs"]) for i in range(n)]
-  second = [tuple(stream[n + i]["inputs"]) for i in range(n)]
-  assert sorted(first) == sorted(second) and first != second
-  shards = [task.train_iterator(8, seed=0, shard_index=i, shard_count=2)._stream  # pylint: disable=protected-access
-            for i in range(2)]
-  halves = [{tuple(s[i]["inputs"]) + (-1,) + tuple(s[i]["targets"]) for i in range(n // 2)}
-            for s in shards]
-  assert len(halves[0] & halves[1]) <= 2  # disjoint up to duplicate sentences
-  with pytest.raises(ValueError, match="not divisible by 3 hosts"):
-    task.train_iterator(8, seed=0, shard_count=3)
+def test_bucketed_batches_group_lengths_and_cover_an_epoch(bucketed_task):
+  iterator = bucketed_task.train_iterator(10, seed=0)
+  window = pipeline.BUCKET_WINDOW_BATCHES
+  batches = [next(iterator) for _ in range(2 * window)]
+  lengths = set()
+  for batch in batches:
+    for key in pipeline.FEATURES:
+      tokens = batch[key] != 0
+      np.testing.assert_array_equal(batch[f"{key}_segmentation"], tokens)
+      np.testing.assert_array_equal(batch[f"{key}_position"],
+                                    np.where(tokens, np.arange(tokens.shape[1]), 0))
+    longest = max((batch[k] != 0).sum(1).max() for k in pipeline.FEATURES)
+    length = batch["inputs"].shape[1]
+    assert length == min(48, -(-longest // 16) * 16)
+    lengths.add(length)
+  assert len(lengths) > 1
+  # Whole windows are consecutive stream examples: two of them span the first epoch.
+  expected = _examples(bucketed_task)
+  assert 2 * window * 10 >= expected.total()
+  _assert_covers(Counter(s for batch in batches for s in _rows(batch)), expected)
 
 
-def test_unpacked_batches_are_length_bucketed(tmp_path):
-  task = pipeline.Task(_task_config(tmp_path, packing=False, max_length=48))
-  batch = next(task.train_iterator(4, seed=0))
-  length = batch["inputs"].shape[1]
-  assert length % pipeline.EVAL_LENGTH_MULTIPLE == 0 and length <= 48
-  longest = max(int((batch[k] != 0).sum(1).max()) for k in ("inputs", "targets"))
-  assert length - pipeline.EVAL_LENGTH_MULTIPLE < longest <= length
-  np.testing.assert_array_equal(batch["inputs_segmentation"], (batch["inputs"] != 0))
+def _rows(batch) -> list[tuple]:
+  return [_key(i[i != 0], t[t != 0]) for i, t in zip(batch["inputs"], batch["targets"])]
+
+
+def test_bucketed_hosts_take_rows_of_the_same_global_batch(bucketed_task):
+  global_batch = next(bucketed_task.train_iterator(8, seed=1))
+  for host in range(2):
+    local = next(bucketed_task.train_iterator(8, seed=1, shard_index=host, shard_count=2))
+    for key in pipeline.BATCH_KEYS:
+      np.testing.assert_array_equal(local[key], global_batch[key][host::2])
 
 
 @pytest.mark.parametrize("overlong", ["filter", "truncate"])
-def test_overlong_examples_are_counted(tmp_path, overlong):
-  task = pipeline.Task(_task_config(tmp_path, max_length=12, overlong=overlong))
-  examples, stats = task.train_examples()
-  assert stats.num_examples == 300 and stats.action == overlong
-  assert 0 < stats.num_overlong < 300
-  assert len(examples) == (300 - stats.num_overlong if overlong == "filter" else 300)
-  for example in examples:
-    assert len(example["inputs"]) <= 12 and example["inputs"][-1] == tokenizer_lib.EOS_ID
+def test_overlong_examples_are_counted(data_dir, overlong, caplog):
+  task = pipeline.Task(_task_config(data_dir, max_length=12, overlong=overlong))
+  with caplog.at_level("INFO"):
+    examples, stats = task.train_examples()
+  assert stats.num_examples == NUM_TRAIN and stats.action == overlong
+  assert 0 < stats.num_overlong < NUM_TRAIN
+  assert f"{stats.num_overlong} of {NUM_TRAIN} examples have more than" in caplog.text
+  assert len(examples) == (NUM_TRAIN - stats.num_overlong if overlong == "filter"
+                           else NUM_TRAIN)
+  for key in pipeline.FEATURES:
+    assert examples.lengths(key).max() <= 12
+    for i in range(len(examples)):  # one EOS, at the end
+      assert list(examples[i][key]).index(tokenizer_lib.EOS_ID) == len(examples[i][key]) - 1
 
 
-def test_eval_batches_cover_the_whole_split_untruncated(tmp_path):
-  task = pipeline.Task(_task_config(tmp_path, max_length=8))  # eval ignores max_length
+def test_nothing_fits(data_dir):
+  task = pipeline.Task(_task_config(data_dir, max_length=2))
+  with pytest.raises(ValueError, match="no training example .* fits task.max_length=2"):
+    task.train_examples()
+
+
+def test_eval_batches_cover_the_whole_split_untruncated(data_dir):
+  task = pipeline.Task(_task_config(data_dir, max_length=8))  # eval ignores max_length
   batches = list(task.eval_batches("test_long", 4))
   indices = np.concatenate([b["example_index"] for b in batches])
-  assert sorted(indices[indices >= 0]) == list(range(10))
-  assert (indices[10:] == -1).all()
-  sources = task.source_texts("test_long")
+  np.testing.assert_array_equal(indices, list(range(10)) + [-1, -1])
+  sources, targets = task.source_texts("test_long"), task.target_texts("test_long")
   for batch in batches:
+    assert batch["inputs"].shape[1] % pipeline.LENGTH_MULTIPLE == 0
     for row, index in enumerate(batch["example_index"]):
       if index >= 0:
         assert task.tokenizer.decode(batch["inputs"][row]) == sources[index]
+        assert task.tokenizer.decode(batch["targets"][row]) == targets[index]
       else:
-        assert not batch["inputs"][row].any()
-  assert batches[0]["inputs"].shape[1] > 8
+        assert not any(batch[k][row].any() for k in pipeline.BATCH_KEYS)
+  assert max(b["inputs"].shape[1] for b in batches) > 8
 
 
-def test_synthetic_splits_and_metadata(task):
+def test_task_api(task, data_dir):
   assert task.splits == ("train", "validation", "test", "test_long")
-  assert 0 < task.info.metadata["test_permutation_fraction"] < 1
-  longest_train = max(len(s.split()) for s in task.source_texts("train"))
-  assert min(len(s.split()) for s in task.source_texts("test_long")) > longest_train
+  assert len(task.source_texts("validation")) == len(task.target_texts("validation")) == 20
+  assert pipeline.get_task(_task_config(data_dir, max_length=32)) is pipeline.get_task(
+      _task_config(data_dir, max_length=32))
   with pytest.raises(ValueError, match="split 'dev' is not a split of task 'synthetic'"):
     task.source_texts("dev")
-
-
-def test_unknown_task_and_wmt14_languages(tmp_path):
   with pytest.raises(ValueError, match="task.name='imdb'"):
-    pipeline.Task(_task_config(tmp_path, name="imdb"))
-  with pytest.raises(ValueError, match="task.target_lang='fr'.*de, en"):
-    pipeline.Task(_task_config(tmp_path, name="wmt14", source_lang="en", target_lang="fr"))
+    pipeline.Task(_task_config(data_dir, name="imdb"))
 
 
-def test_wmt14_through_tfds_mock_data(tmp_path):
-  """The catalog's WMT14 builder imports TensorFlow to be found, so this needs it installed."""
-  pytest.importorskip("tensorflow")
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  with tfds.testing.mock_data(num_examples=12):
-    task = pipeline.Task(_task_config(tmp_path, name="wmt14", source_lang="en", target_lang="de"))
-    assert len(task.source_texts("train")) == 12
-    assert next(task.train_iterator(2, seed=0))["inputs"].shape == (2, 48)
+def test_tokenizer_is_cached_beside_the_data(task, data_dir):
+  cached = pipeline.Task(_task_config(data_dir, max_length=32))
+  assert cached.tokenizer.path == task.tokenizer.path
+  assert cached.tokenizer.model_proto() == task.tokenizer.model_proto()
+  assert task.tokenizer.path.startswith(str(data_dir / "relpos_tokenizers"))
+  other = pipeline.Task(_task_config(data_dir, vocab_size=100))
+  assert other.tokenizer.path != task.tokenizer.path
+
+
+def test_data_dir_resolution(monkeypatch, tmp_path):
+  config = default.get_config().task
+  monkeypatch.setenv("RELPOS_DATA_DIR", str(tmp_path / "env"))
+  assert datasets.data_dir(config) == str(tmp_path / "env")
+  config.tfds_data_dir = str(tmp_path / "field")
+  assert datasets.data_dir(config) == str(tmp_path / "field")
+  monkeypatch.delenv("RELPOS_DATA_DIR")
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert datasets.data_dir(default.get_config().task) == str(tmp_path / "tensorflow_datasets")

@@ -1,8 +1,28 @@
 """Tests for relpos.data.synthetic: the grammar, its word-order property, the TFDS builder."""
 
+import os
 from collections import Counter
 
+import pytest
+from absl import logging
+
+from configs import default
 from relpos.data import synthetic
+
+SMALL = {"num_train": 60, "num_validation": 10, "num_test": 40, "num_test_long": 8}
+
+
+def _task_config(data_dir, **synthetic_fields):
+  config = default.get_config().task
+  config.tfds_data_dir = str(data_dir)
+  config.synthetic.update({**SMALL, **synthetic_fields})
+  return config
+
+
+def _pairs(dataset, split):
+  source = dataset.data_sources()[split]
+  return [(source[i]["source"].decode(), source[i]["target"].decode())
+          for i in range(len(source))]
 
 
 def test_generation_is_deterministic_and_in_length_range():
@@ -49,10 +69,60 @@ def test_test_split_holds_word_order_ambiguity():
   by_bag = {}
   for source, target in splits["test"]:
     by_bag.setdefault(tuple(sorted(source.split())), set()).add(target)
-  assert any(len(targets) > 1 for targets in by_bag.values())
+  ambiguous = [targets for targets in by_bag.values() if len(targets) > 1]
+  assert sum(map(len, ambiguous)) == round(fraction * 400)  # all test sources are distinct
   assert synthetic.permutation_fraction([("a b", "x"), ("b a", "y"), ("c", "z")]) == 2 / 3
+  assert synthetic.permutation_fraction(splits["train"]) < fraction  # no swaps added there
+
+
+def test_length_ranges_are_checked():
+  with pytest.raises(ValueError, match="task.synthetic.max_words=2 must be at least "
+                     "task.synthetic.min_words=1 and at least 3"):
+    synthetic.SyntheticParams(min_words=1, max_words=2)
+  with pytest.raises(ValueError, match="long_min_words=12 must exceed task.synthetic.max_words=12"):
+    synthetic.SyntheticParams(long_min_words=12)
+  with pytest.raises(ValueError, match="long_max_words=14 must be at least "
+                     "task.synthetic.long_min_words=15"):
+    synthetic.SyntheticParams(long_min_words=15, long_max_words=14)
+
+
+def test_splits_come_from_distinct_seeds():
+  splits = synthetic.SyntheticParams(num_train=50, num_validation=50, num_test=50,
+                                     num_test_long=5).splits()
+  shifted = synthetic.SyntheticParams(seed=1235, num_train=50, num_validation=50, num_test=50,
+                                      num_test_long=5).splits()
+  assert splits["train"] != splits["validation"] != shifted["train"]
+  assert splits == synthetic.SyntheticParams(num_train=50, num_validation=50, num_test=50,
+                                             num_test_long=5).splits()
 
 
 def test_changed_parameters_get_another_builder_config_name():
   assert synthetic.SyntheticParams().name() == synthetic.SyntheticParams().name()
   assert synthetic.SyntheticParams(num_train=5).name() != synthetic.SyntheticParams().name()
+
+
+def test_builder_writes_every_split_in_order_and_reports_the_fraction(tmp_path, caplog):
+  config = _task_config(tmp_path)
+  with caplog.at_level(logging.INFO):
+    dataset = synthetic.load(config, str(tmp_path))
+  generated = synthetic.SyntheticParams(**config.synthetic.to_dict()).splits()
+  assert dataset.splits == synthetic.SPLITS
+  for split in synthetic.SPLITS:
+    assert _pairs(dataset, split) == generated[split]  # stored in generation order
+  fraction = synthetic.permutation_fraction(generated["test"])
+  assert fraction > 0
+  assert dataset.builder.info.metadata["test_permutation_fraction"] == fraction
+  assert f"{100 * fraction:.1f}% of its sources are word-order permutations" in caplog.text
+  # Prepared once: loading again reuses the files and the metadata.
+  again = synthetic.load(config, str(tmp_path))
+  assert again.builder.info.metadata["test_permutation_fraction"] == fraction
+  assert _pairs(again, "test") == generated["test"]
+
+
+def test_changed_parameters_build_a_new_dataset(tmp_path):
+  first = synthetic.load(_task_config(tmp_path), str(tmp_path))
+  resized = synthetic.load(_task_config(tmp_path, num_train=70), str(tmp_path))
+  reseeded = synthetic.load(_task_config(tmp_path, seed=7), str(tmp_path))
+  assert [len(d.data_sources()["train"]) for d in (first, resized, reseeded)] == [60, 70, 60]
+  assert _pairs(reseeded, "train") != _pairs(first, "train")
+  assert len(os.listdir(tmp_path / "synthetic_translation")) == 3

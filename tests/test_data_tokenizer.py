@@ -36,6 +36,26 @@ def test_cached_model_is_reused_and_training_deterministic(tmp_path):
   assert [p for p in os.listdir(tmp_path / "sub")] == ["t.model"]  # no temporary left
 
 
+def test_encode_batch_matches_encode(tmp_path):
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
+                                              vocab_size=60, model_type="unigram", seed=0)
+  assert tok.encode_batch(SENTENCES[:4]) == [tok.encode(text) for text in SENTENCES[:4]]
+
+
+def test_training_sample_is_seeded(monkeypatch):
+  """Above MAX_TRAINING_SENTENCES, a seeded sample is trained on: same seed, same model."""
+  monkeypatch.setattr(tokenizer_lib, "MAX_TRAINING_SENTENCES", 20)
+  corpus = [f"sentence number {i} says {'ab' * (i % 7)} {'xyz'[i % 3] * (i % 5)}"
+            for i in range(300)]
+
+  def train(seed):
+    return tokenizer_lib.train_tokenizer(iter(corpus), vocab_size=40, model_type="bpe",
+                                         seed=seed).model_proto()
+
+  assert train(0) == train(0)
+  assert train(0) != train(1)
+
+
 def test_bad_arguments():
   with pytest.raises(ValueError, match="task.spm_model_type='wordpiece'"):
     tokenizer_lib.train_tokenizer(SENTENCES, vocab_size=50, model_type="wordpiece", seed=0)

@@ -115,6 +115,8 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
   short.write_text("one\n", encoding="utf-8")
   with pytest.raises(ValueError, match=f"{short} has 1 lines but {good} has 2"):
     evaluate.evaluate_checkpoint(workdir, input_file=str(good), reference_file=str(short))
+  with pytest.raises(ValueError, match=r"give exactly one of split \(--split\) and input_file"):
+    evaluate.evaluate_checkpoint(workdir, split="test", input_file=str(good))
   with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
     evaluate.evaluate_checkpoint(workdir, split="dev")
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 in .*saved steps"):
@@ -153,4 +155,6 @@ def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
     for name in files:
       with open(os.path.join(folder, name), "rb") as f:
         head = f.read(2)
-      assert not name.endswith((".pkl", ".pickle")) and head not in (b"\x80\x04", b"\x80\x05")
+      # Pickles (protocol 2 to 5) start with PROTO (0x80) then the protocol number.
+      assert not name.endswith((".pkl", ".pickle"))
+      assert head not in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"), name

@@ -21,9 +21,9 @@ from relpos import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
-# The run every kill test restarts: 40 steps, a checkpoint every 3, metrics every step.
-KILL_RUN = {"train.num_steps": 40, "train.checkpoint_every_steps": 3, "train.log_every_steps": 1,
-            "train.eval_every_steps": 40, "train.keep_checkpoints": 3,
+# The run every kill test restarts: 30 steps, a checkpoint every 4, metrics every step.
+KILL_RUN = {"train.num_steps": 30, "train.checkpoint_every_steps": 4, "train.log_every_steps": 1,
+            "train.eval_every_steps": 30, "train.keep_checkpoints": 3,
             "decode.validation_bleu": False}
 # Kills the process in the middle of its second checkpoint write (after the arrays, before
 # the iterator state are written to the step's temporary folder).
@@ -45,6 +45,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   return str(tmp_path_factory.getbasetemp() / "relpos_data")
+
+
+@pytest.fixture(scope="module")
+def environment(tmp_path_factory):
+  """Environment of the training processes: JAX's persistent compilation cache shared between
+  them (each process would otherwise compile the same steps again)."""
+  return {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache"))}
 
 
 def make_config(data_dir: str, overrides: dict):
@@ -94,44 +102,47 @@ def reference(data_dir, tmp_path_factory):
   return workdir
 
 
-def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_dir, tmp_path):
+def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_dir, environment,
+                                                               tmp_path):
   workdir, rng = str(tmp_path / "run"), random.Random(7)
   command = train_command(workdir, data_dir, KILL_RUN)
   for _ in range(3):
     # Kill a few steps past whatever earlier processes logged (so past this one's resume).
     target = max_logged_step(workdir) + rng.randint(1, 6)
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=environment)
     while max_logged_step(workdir) < target and process.poll() is None:
       time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed"
-  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
   assert done.returncode == 0, done.stderr[-3000:]
   assert_same_run(workdir, reference)
 
 
-def test_kill_during_checkpoint_write_keeps_previous_checkpoint(reference, data_dir, tmp_path):
+def test_kill_during_checkpoint_write_keeps_previous_checkpoint(reference, data_dir, environment,
+                                                                tmp_path):
   workdir = str(tmp_path / "run")
   command = train_command(workdir, data_dir, KILL_RUN)
   killed = subprocess.run([sys.executable, "-c", KILL_IN_SECOND_SAVE, *command[1:]],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=environment)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   entries = os.listdir(checkpoints.checkpoint_dir(workdir))
-  assert "3" in entries and "6" not in entries
-  assert any(e.startswith("6.orbax-checkpoint-tmp") for e in entries)  # the interrupted write
+  assert "4" in entries and "8" not in entries
+  assert any(e.startswith("8.orbax-checkpoint-tmp") for e in entries)  # the interrupted write
   state, _ = saved(workdir)
-  assert int(state["step"]) == 3
-  done = subprocess.run(command, capture_output=True, text=True, check=False)
+  assert int(state["step"]) == 4
+  done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
   assert done.returncode == 0, done.stderr[-3000:]
   assert not any("tmp" in e for e in os.listdir(checkpoints.checkpoint_dir(workdir)))
   assert_same_run(workdir, reference)
 
 
-def test_sigterm_saves_and_exits_zero(data_dir, tmp_path):
+def test_sigterm_saves_and_exits_zero(data_dir, environment, tmp_path):
   workdir = str(tmp_path / "run")
   overrides = {**KILL_RUN, "train.num_steps": 100_000, "train.checkpoint_every_steps": 100_000}
-  process = subprocess.Popen(train_command(workdir, data_dir, overrides),
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  process = subprocess.Popen(train_command(workdir, data_dir, overrides), stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=environment)
   while max_logged_step(workdir) < 5:
     assert process.poll() is None
     time.sleep(0.01)

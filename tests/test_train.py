@@ -99,7 +99,7 @@ def test_one_step_is_the_same_on_one_and_four_devices():
   initial = None
   outputs = []
   for devices in (jax.devices()[:1], jax.devices()):
-    steps = train.Steps(Mesh(np.asarray(devices), ("data",)), model_config, config.train)
+    steps = train.get_steps(Mesh(np.asarray(devices), ("data",)), model_config, config.train)
     initial = steps.init(0) if initial is None else initial
     state, metrics = steps.train(jax.device_put(initial, steps.replicated, may_alias=False),
                                  steps.global_batch(batch))
@@ -167,3 +167,6 @@ def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
                                        r"devices \(4\)"):
     train.train_and_evaluate(config, workdir)
   assert not os.path.exists(workdir)
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match=f"workdir {tmp_path}/file exists and is not a folder"):
+    train.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "file"))

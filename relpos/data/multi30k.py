@@ -5,8 +5,9 @@ aligned) come from a local folder (`task.manual_dir`, e.g. `../shared/data/multi
 where a network is available, are downloaded from the public Multi30K repository
 (`task.download_url`, default DEFAULT_URL) into `<tfds data dir>/downloads/multi30k`.
 
-Every file is checked before anything is written: a missing or empty file, text that is not
-UTF-8, or source and target files with different line counts raise an error naming the file.
+Every file is read and checked before any example is written: a missing or empty file, text
+that is not UTF-8, or source and target files with different line counts raise an error naming
+the file, and the failed build leaves no dataset folder.
 """
 
 import gzip
@@ -14,7 +15,11 @@ import os
 import urllib.error
 import urllib.request
 
+import ml_collections
 import tensorflow_datasets as tfds
+from absl import logging
+
+from relpos.data import datasets
 
 LANGUAGES = ("en", "de", "fr", "cs")
 DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -22,17 +27,22 @@ DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/ta
 SPLIT_STEMS = {"train": "train", "validation": "val", "test_2016_flickr": "test_2016_flickr",
                "test_2017_flickr": "test_2017_flickr", "test_2017_mscoco": "test_2017_mscoco"}
 REQUIRED_SPLITS = ("train", "validation", "test_2016_flickr")
+DOWNLOAD_TIMEOUT_S = 60
 
 
-def check_language(field: str, code: str) -> None:
-  """Raises ValueError unless `code` is a Multi30K language."""
-  if code not in LANGUAGES:
-    raise ValueError(f"config field {field}={code!r} is invalid: Multi30K languages are "
-                     f"{', '.join(LANGUAGES)}.")
+def check_languages(source_lang: str, target_lang: str) -> None:
+  """Raises ValueError unless both are Multi30K languages and they differ."""
+  for field, code in (("task.source_lang", source_lang), ("task.target_lang", target_lang)):
+    if code not in LANGUAGES:
+      raise ValueError(f"config field {field}={code!r} is invalid: Multi30K languages are "
+                       f"{', '.join(LANGUAGES)}.")
+  if source_lang == target_lang:
+    raise ValueError(f"config fields task.source_lang and task.target_lang are both "
+                     f"{source_lang!r}: a translation needs two languages.")
 
 
 def read_lines(path: str) -> list[str]:
-  """The lines of a gzip-compressed UTF-8 text file, without their newlines.
+  """The lines of a gzip-compressed UTF-8 text file, without their line ends.
 
   Raises:
     FileNotFoundError: no such file.
@@ -49,7 +59,7 @@ def read_lines(path: str) -> list[str]:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
     raise ValueError(f"Multi30K file {path} is not UTF-8 text (byte {e.start}).") from e
-  lines = text.splitlines()
+  lines = [line.rstrip("\r") for line in text.removesuffix("\n").split("\n")]
   if not any(line.strip() for line in lines):
     raise ValueError(f"Multi30K file {path} is empty.")
   return lines
@@ -80,12 +90,16 @@ def available_splits(directory: str, source_lang: str, target_lang: str) -> list
 
 
 def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
-  """Downloads the raw files of `languages` into `directory` (each written atomically).
+  """Downloads the raw files of `languages` missing from `directory` (each written atomically).
 
-  Required files that fail to download raise; optional test sets that are absent are skipped.
+  Optional test sets the server does not have (HTTP 404) are skipped.
 
   Returns:
     `directory`.
+
+  Raises:
+    FileNotFoundError: a required file could not be downloaded, or an optional one failed
+      otherwise than by being absent (the URL is named).
   """
   os.makedirs(directory, exist_ok=True)
   for split, stem in SPLIT_STEMS.items():
@@ -96,12 +110,14 @@ def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
         continue
       url = url_base.rstrip("/") + "/" + name
       try:
-        with urllib.request.urlopen(url, timeout=60) as response:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
           data = response.read()
-      except urllib.error.URLError as e:
-        if split in REQUIRED_SPLITS:
-          raise FileNotFoundError(f"could not download Multi30K file {url}: {e}") from e
-        continue
+      except OSError as e:  # urllib.error.URLError and HTTPError are OSErrors
+        absent = isinstance(e, urllib.error.HTTPError) and e.code == 404
+        if absent and split not in REQUIRED_SPLITS:
+          logging.info("Multi30K: %s is not on the server; split %s is left out.", url, split)
+          continue
+        raise FileNotFoundError(f"could not download Multi30K file {url}: {e}") from e
       tmp = f"{path}.tmp{os.getpid()}"
       with open(tmp, "wb") as f:
         f.write(data)
@@ -110,40 +126,55 @@ def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
 
 
 class Multi30kConfig(tfds.core.BuilderConfig):
-  """One language pair, read from `raw_dir` (not part of the dataset's identity)."""
+  """One language pair (the builder config's name, e.g. "en-de")."""
 
-  def __init__(self, source_lang: str = "en", target_lang: str = "de", raw_dir: str = ""):
-    check_language("task.source_lang", source_lang)
-    check_language("task.target_lang", target_lang)
-    if source_lang == target_lang:
-      raise ValueError(f"config fields task.source_lang and task.target_lang are both "
-                       f"{source_lang!r}: a translation needs two languages.")
+  def __init__(self, source_lang: str = "en", target_lang: str = "de"):
+    check_languages(source_lang, target_lang)
     super().__init__(name=f"{source_lang}-{target_lang}",
                      description=f"Multi30K {source_lang} to {target_lang}")
-    self.source_lang, self.target_lang, self.raw_dir = source_lang, target_lang, raw_dir
+    self.source_lang, self.target_lang = source_lang, target_lang
 
 
-class Multi30k(tfds.core.GeneratorBasedBuilder):
-  """Multi30K task 1; features {"source", "target"} (text)."""
+class Multi30k(datasets.PairBuilder):
+  """Multi30K task 1; features {"source", "target"} (text), splits in file order."""
 
   VERSION = tfds.core.Version("1.0.0")
 
+  def __init__(self, *, raw_dir: str = "", **kwargs):
+    """Args: raw_dir: the folder of raw `.gz` files (read when preparing); kwargs: TFDS's."""
+    super().__init__(**kwargs)
+    self._raw_dir = raw_dir
+
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description=__doc__,
-        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
-                                             "target": tfds.features.Text()}),
-        supervised_keys=("source", "target"),
-        homepage="https://github.com/multi30k/dataset")
+    return datasets.pair_info(self, __doc__, homepage="https://github.com/multi30k/dataset")
 
   def _split_generators(self, dl_manager):
     del dl_manager  # files come from raw_dir (see `download`)
     config = self.builder_config
-    return {split: self._generate_examples(
-        read_split(config.raw_dir, SPLIT_STEMS[split], config.source_lang, config.target_lang))
-            for split in available_splits(config.raw_dir, config.source_lang,
-                                          config.target_lang)}
+    splits = {split: read_split(self._raw_dir, SPLIT_STEMS[split], config.source_lang,
+                                config.target_lang)
+              for split in available_splits(self._raw_dir, config.source_lang,
+                                            config.target_lang)}
+    return {split: self._generate_examples(pairs) for split, pairs in splits.items()}
 
-  def _generate_examples(self, pairs: list[tuple[str, str]]):
-    for i, (source, target) in enumerate(pairs):
-      yield i, {"source": source, "target": target}
+
+def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
+  """Multi30K for task.source_lang -> task.target_lang, prepared into `root` on first use.
+
+  The raw files come from task.manual_dir, else are downloaded from task.download_url (or
+  DEFAULT_URL) unless the dataset is already prepared.
+
+  Raises:
+    ValueError: an unknown language or a bad file (named).
+    FileNotFoundError: a missing file or a failed download (named).
+  """
+  source, target = task_config.source_lang, task_config.target_lang
+  raw_dir = task_config.manual_dir or os.path.join(root, "downloads", "multi30k")
+  builder = Multi30k(raw_dir=raw_dir, config=Multi30kConfig(source, target), data_dir=root,
+                     file_format=datasets.FILE_FORMAT)
+  if not builder.is_prepared():
+    if not task_config.manual_dir:
+      download(task_config.download_url or DEFAULT_URL, raw_dir, (source, target))
+    datasets.prepare(builder)
+  splits = tuple(split for split in SPLIT_STEMS if split in builder.info.splits)
+  return datasets.PairDataset(builder, splits)

@@ -4,83 +4,91 @@
 tokenizer (trained on the train split on first use, cached beside the data) and returns a
 `Task`. TensorFlow is not needed: data is read with `builder.as_data_source()` and grain.
 
-Batches are dicts of int32 arrays [batch, length] with the keys of BATCH_KEYS:
+Batches are dicts of int32 numpy arrays [batch, length] with the keys of BATCH_KEYS:
 "inputs", "targets" (token ids, PAD_ID padded), "inputs_position", "targets_position"
 (0-based, restarting per packed segment, 0 on padding), "inputs_segmentation",
 "targets_segmentation" (segment id 1, 2, ... per packed example, 0 on padding).
+Evaluation batches add "example_index" [batch]: the row's index in the split, -1 on the
+all-padding filler rows of the last batch.
 """
 
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grain
+import jax
 import ml_collections
 import numpy as np
-import tensorflow_datasets as tfds
 from absl import logging
 
+from relpos.data import datasets
 from relpos.data import multi30k
 from relpos.data import synthetic
 from relpos.data import tokenizer as tokenizer_lib
+from relpos.data import wmt14
 
 BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position",
               "inputs_segmentation", "targets_segmentation")
-# Evaluation batches are padded to a multiple of this length (few shapes to compile).
-EVAL_LENGTH_MULTIPLE = 16
-WMT14_LANGUAGES = ("de", "en")
+FEATURES = ("inputs", "targets")
+# Unpacked batches are padded to a multiple of this length (few shapes to compile).
+LENGTH_MULTIPLE = 16
+# Length bucketing sorts windows of this many batches by length before batching.
+BUCKET_WINDOW_BATCHES = 16
+# Examples tokenized at a time (tokenizing runs on several threads).
+CHUNK = 4096
+_NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+_LOADERS: dict[str, Callable[[ml_collections.ConfigDict, str], datasets.PairDataset]] = {
+    "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load}
 
 
-def data_dir(task_config: ml_collections.ConfigDict) -> str:
-  """task.tfds_data_dir, else $RELPOS_DATA_DIR, else ~/tensorflow_datasets."""
-  return os.path.expanduser(task_config.tfds_data_dir or os.environ.get(
-      "RELPOS_DATA_DIR", "~/tensorflow_datasets"))
-
-
-def _synthetic_builder(task_config, root: str) -> tfds.core.DatasetBuilder:
-  params = synthetic.SyntheticParams(**task_config.synthetic.to_dict())
-  return synthetic.SyntheticTranslation(config=synthetic.SyntheticBuilderConfig(params),
-                                        data_dir=root, file_format="array_record")
-
-
-def _multi30k_builder(task_config, root: str) -> tfds.core.DatasetBuilder:
-  source, target = task_config.source_lang, task_config.target_lang
-  multi30k.check_language("task.source_lang", source)
-  multi30k.check_language("task.target_lang", target)
-  raw_dir = task_config.manual_dir or multi30k.download(
-      task_config.download_url or multi30k.DEFAULT_URL,
-      os.path.join(root, "downloads", "multi30k"), (source, target))
-  builder = multi30k.Multi30k(config=multi30k.Multi30kConfig(source, target, raw_dir),
-                              data_dir=root, file_format="array_record")
-  if not builder.is_prepared():
-    for split in multi30k.available_splits(raw_dir, source, target):  # fail before writing
-      multi30k.read_split(raw_dir, multi30k.SPLIT_STEMS[split], source, target)
-  return builder
-
-
-def _wmt14_builder(task_config, root: str) -> tfds.core.DatasetBuilder:
-  for field in ("source_lang", "target_lang"):
-    if task_config[field] not in WMT14_LANGUAGES:
-      raise ValueError(f"config field task.{field}={task_config[field]!r} is invalid: WMT14 "
-                       f"(wmt14_translate/de-en) has {', '.join(WMT14_LANGUAGES)}.")
-  return tfds.builder("wmt14_translate/de-en", data_dir=root, file_format="array_record")
-
-
-_BUILDERS = {"synthetic": _synthetic_builder, "multi30k": _multi30k_builder,
-             "wmt14": _wmt14_builder}
-
-
-def _text(value) -> str:
+def _text(value: bytes | str) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-@dataclasses.dataclass
+def _bucket_length(length: int) -> int:
+  """The smallest multiple of LENGTH_MULTIPLE that is at least `length`."""
+  return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
+
+
+class TokenizedPairs:
+  """Tokenized (inputs, targets) pairs in flat int32 arrays (compact even for WMT14).
+
+  A random-access source for grain: `pairs[i]` is {"inputs": [n] int32, "targets": [m] int32}.
+  """
+
+  def __init__(self, tokens: dict[str, np.ndarray], lengths: dict[str, np.ndarray]):
+    """Args: tokens: feature -> every example's ids, concatenated [total] int32;
+    lengths: feature -> each example's token count [num_examples]."""
+    self._tokens = tokens
+    self._offsets = {k: np.concatenate([[0], np.cumsum(lengths[k])]) for k in FEATURES}
+
+  def __len__(self) -> int:
+    return len(self._offsets["inputs"]) - 1
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return {k: self._tokens[k][self._offsets[k][index]:self._offsets[k][index + 1]]
+            for k in FEATURES}
+
+  def lengths(self, feature: str) -> np.ndarray:
+    """Token counts [num_examples] of `feature` ("inputs" or "targets")."""
+    return np.diff(self._offsets[feature])
+
+
+@dataclasses.dataclass(frozen=True)
 class FilterStats:
-  """What the length limit did to the training examples."""
+  """What the length limit did to the training examples.
+
+  Attributes:
+    num_examples: examples in the train split (before the limit).
+    num_overlong: of these, examples with more than task.max_length tokens on a side.
+    action: "filter" (they were dropped) or "truncate" (cut to max_length, ending with EOS).
+  """
   num_examples: int
   num_overlong: int
-  action: str  # "filter" (dropped) or "truncate"
+  action: str
 
 
 class Task:
@@ -92,190 +100,231 @@ class Task:
     Raises:
       ValueError: an unknown task or language, or bad data files (named).
       FileNotFoundError: missing data files (named).
+      RuntimeError: WMT14 is not prepared and TensorFlow is missing to prepare it.
     """
-    if task_config.name not in _BUILDERS:
+    if task_config.name not in _LOADERS:
       raise ValueError(f"config field task.name={task_config.name!r} is invalid: must be one "
-                       f"of {', '.join(_BUILDERS)}.")
+                       f"of {', '.join(_LOADERS)}.")
     self.name = task_config.name
     self.config = task_config
-    root = data_dir(task_config)
-    builder = _BUILDERS[task_config.name](task_config, root)
-    builder.download_and_prepare(file_format="array_record")
+    root = datasets.data_dir(task_config)
+    self._dataset = _LOADERS[self.name](task_config, root)
+    builder = self._dataset.builder
     self.info = builder.info
-    self._sources = builder.as_data_source()
-    self.splits = tuple(self._sources)
-    if self.name == "wmt14":
-      self._keys = (task_config.source_lang, task_config.target_lang)
-    else:
-      self._keys = ("source", "target")
+    self.splits = self._dataset.splits
+    self._sources = self._dataset.data_sources()
     self.tokenizer = tokenizer_lib.load_or_train_tokenizer(
         os.path.join(root, "relpos_tokenizers",
-                     f"{builder.name}-{builder.builder_config.name}-{'-'.join(self._keys)}-"
-                     f"{task_config.spm_model_type}{task_config.vocab_size}"
-                     f"-s{task_config.spm_seed}.model"),
-        (text for split_text in (self.source_texts("train"), self.target_texts("train"))
-         for text in split_text),
+                     f"{builder.name}-{builder.builder_config.name}-{builder.version}-"
+                     f"{task_config.spm_model_type}-{task_config.vocab_size}-"
+                     f"seed{task_config.spm_seed}.model"),
+        (text for pair in self._pairs("train") for text in pair),
         vocab_size=task_config.vocab_size, model_type=task_config.spm_model_type,
         seed=task_config.spm_seed)
 
   def _check_split(self, split: str) -> None:
-    if split not in self._sources:
+    if split not in self.splits:
       raise ValueError(f"split {split!r} is not a split of task {self.name!r}; allowed: "
                        f"{', '.join(self.splits)}.")
 
-  @functools.lru_cache(maxsize=None)
-  def _texts(self, split: str) -> tuple[list[str], list[str]]:
+  def _pair_chunks(self, split: str) -> Iterator[list[tuple[str, str]]]:
+    """The split's (source, target) texts in stored order, CHUNK pairs at a time."""
     self._check_split(split)
     source = self._sources[split]
-    examples = [source[i] for i in range(len(source))]
-    return ([_text(e[self._keys[0]]) for e in examples],
-            [_text(e[self._keys[1]]) for e in examples])
+    keys = (self._dataset.source_key, self._dataset.target_key)
+    for start in range(0, len(source), CHUNK):
+      examples = (source[i] for i in range(start, min(start + CHUNK, len(source))))
+      yield [(_text(e[keys[0]]), _text(e[keys[1]])) for e in examples]
+
+  def _pairs(self, split: str) -> Iterator[tuple[str, str]]:
+    return (pair for chunk in self._pair_chunks(split) for pair in chunk)
 
   def source_texts(self, split: str) -> list[str]:
-    """The source sentences of a split, in the split's stored order."""
-    return self._texts(split)[0]
+    """The source sentences of a split, in the split's stored (file) order."""
+    return [source for source, _ in self._pairs(split)]
 
   def target_texts(self, split: str) -> list[str]:
     """The reference translations of a split, aligned with `source_texts`."""
-    return self._texts(split)[1]
+    return [target for _, target in self._pairs(split)]
 
-  def _tokenized(self, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    encode = lambda t: np.asarray(self.tokenizer.encode(t), np.int32)
-    return [(encode(s), encode(t)) for s, t in zip(self.source_texts(split),
-                                                   self.target_texts(split))]
+  def _tokenize(self, split: str,
+                limit: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None]
+                ) -> TokenizedPairs:
+    """The split tokenized; `limit(inputs, targets)` rewrites each pair or drops it (None)."""
+    tokens, lengths = {k: [] for k in FEATURES}, {k: [] for k in FEATURES}
+    for chunk in self._pair_chunks(split):
+      chunk_tokens = {k: [] for k in FEATURES}
+      encoded = zip(*(self.tokenizer.encode_batch(texts) for texts in zip(*chunk)))
+      for pair in filter(None, (limit(*pair) for pair in encoded)):
+        for key, ids in zip(FEATURES, pair):
+          chunk_tokens[key].extend(ids)
+          lengths[key].append(len(ids))
+      for key in FEATURES:
+        tokens[key].append(np.asarray(chunk_tokens[key], np.int32))
+    return TokenizedPairs({k: np.concatenate([np.zeros(0, np.int32)] + tokens[k])
+                           for k in FEATURES},
+                          {k: np.asarray(lengths[k], np.int64) for k in FEATURES})
 
   @functools.lru_cache(maxsize=None)
-  def train_examples(self) -> tuple[list[dict[str, np.ndarray]], FilterStats]:
-    """Tokenized training examples after the length limit, and what the limit did."""
+  def eval_examples(self, split: str) -> TokenizedPairs:
+    """The whole split tokenized, nothing dropped or truncated, in stored order."""
+    return self._tokenize(split, lambda inputs, targets: (inputs, targets))
+
+  @functools.lru_cache(maxsize=None)
+  def train_examples(self) -> tuple[TokenizedPairs, FilterStats]:
+    """Tokenized training examples after the task.max_length limit, and what it did.
+
+    Raises:
+      ValueError: no training example fits task.max_length (with overlong="filter").
+    """
     max_length, action = self.config.max_length, self.config.overlong
-    examples, overlong = [], 0
-    for inputs, targets in self._tokenized("train"):
-      if len(inputs) > max_length or len(targets) > max_length:
-        overlong += 1
-        if action == "filter":
-          continue
-        inputs, targets = _truncate(inputs, max_length), _truncate(targets, max_length)
-      examples.append({"inputs": inputs, "targets": targets})
-    stats = FilterStats(len(examples) + (overlong if action == "filter" else 0), overlong,
-                        action)
-    logging.info("Task %s train split: %d of %d examples longer than %d tokens (%s).",
-                 self.name, overlong, stats.num_examples, max_length, action)
-    if not examples:
-      raise ValueError(f"no training example fits task.max_length={max_length}.")
+    counts = {"all": 0, "overlong": 0}
+
+    def limit(inputs, targets):
+      counts["all"] += 1
+      if max(len(inputs), len(targets)) <= max_length:
+        return inputs, targets
+      counts["overlong"] += 1
+      if action == "filter":
+        return None
+      return _truncate(inputs, max_length), _truncate(targets, max_length)
+
+    examples = self._tokenize("train", limit)
+    stats = FilterStats(counts["all"], counts["overlong"], action)
+    logging.info("Task %s, train split: %d of %d examples have more than task.max_length=%d "
+                 "tokens on a side (overlong=%s).", self.name, stats.num_overlong,
+                 stats.num_examples, max_length, action)
+    if not len(examples):
+      raise ValueError(f"no training example of task {self.name!r} fits "
+                       f"task.max_length={max_length}.")
     return examples, stats
 
-  def train_iterator(self, batch_size: int, *, seed: int, shard_index: int = 0,
-                     shard_count: int = 1) -> grain.DatasetIterator:
-    """An endless iterator of training batches of this host's shard.
+  def train_iterator(self, batch_size: int, *, seed: int, shard_index: int | None = None,
+                     shard_count: int | None = None) -> grain.DatasetIterator:
+    """An endless iterator over this host's training batches (reshuffled every epoch).
+
+    Packed (task.packing=True): each host shuffles its shard of the examples and packs them
+    first-fit into rows of task.max_length tokens: batches [batch_size / shard_count,
+    task.max_length]. Unpacked: length bucketing; every host builds the same global batches
+    from all examples (windows of BUCKET_WINDOW_BATCHES batches sorted by length) and takes
+    its rows, so all hosts agree on the length: [batch_size / shard_count, L], L a multiple
+    of LENGTH_MULTIPLE up to task.max_length.
 
     Args:
-      batch_size: the global batch size; each host gets batch_size / shard_count rows.
-      seed: shuffling seed (a new order every epoch).
-      shard_index, shard_count: this host's shard of the examples.
+      batch_size: the global batch size (rows), divisible by shard_count.
+      seed: shuffling seed, folded with task.shuffle_buffer_seed.
+      shard_index, shard_count: this host and the number of hosts (default: JAX's process
+        index and count).
 
     Returns:
-      A grain DatasetIterator (get_state / set_state resume it exactly) of batches
-      [batch_size / shard_count, task.max_length] with the keys of BATCH_KEYS.
+      A grain DatasetIterator of batches with the keys of BATCH_KEYS; its get_state() is a
+      small JSON-able dict and set_state() resumes exactly.
     """
+    shard_index = jax.process_index() if shard_index is None else shard_index
+    shard_count = jax.process_count() if shard_count is None else shard_count
     if batch_size % shard_count:
       raise ValueError(f"batch size {batch_size} is not divisible by {shard_count} hosts.")
+    if not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index={shard_index} is not in [0, {shard_count}).")
     examples, _ = self.train_examples()
-    stream = (grain.MapDataset.source(examples)[shard_index::shard_count]
-              .seed(seed + 1000003 * self.config.shuffle_buffer_seed).shuffle().repeat())
-    return BatchIterator(stream, batch_size // shard_count, self.config.max_length,
-                         pack=self.config.packing)
+    seed = int(np.random.SeedSequence([seed, self.config.shuffle_buffer_seed]
+                                      ).generate_state(1)[0])
+    source = grain.MapDataset.source(examples)
+    if self.config.packing:
+      dataset = _packed_batches(source[shard_index::shard_count], batch_size // shard_count,
+                                self.config.max_length, seed)
+    else:
+      dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed,
+                                  shard_index, shard_count)
+    return iter(dataset)
 
   def eval_batches(self, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """The whole split in order, nothing dropped or truncated, unpacked.
+    """The whole split in stored order: nothing dropped or truncated, unpacked.
 
     Yields:
-      Batches with the keys of BATCH_KEYS plus "example_index" int32 [batch] (the example's
-      index in the split, -1 on the filler rows of the last batch, which are all padding);
-      lengths padded to a multiple of EVAL_LENGTH_MULTIPLE.
+      Batches [batch_size, L] with the keys of BATCH_KEYS, L the batch's longest side rounded
+      up to a multiple of LENGTH_MULTIPLE, plus "example_index" int32 [batch_size]: the row's
+      index in the split, -1 on the filler rows of the last batch (all padding).
     """
-    examples = self._tokenized(split)
+    examples = self.eval_examples(split)
     for start in range(0, len(examples), batch_size):
-      rows = examples[start:start + batch_size]
-      longest = max(max(len(s), len(t)) for s, t in rows)
-      length = -(-longest // EVAL_LENGTH_MULTIPLE) * EVAL_LENGTH_MULTIPLE
-      padded = [_pad_example({"inputs": s, "targets": t}, length=length) for s, t in rows]
-      batch = {k: np.zeros((batch_size, length), np.int32) for k in BATCH_KEYS}
-      for key in BATCH_KEYS:
-        batch[key][:len(rows)] = np.stack([p[key] for p in padded])
+      index = np.arange(start, min(start + batch_size, len(examples)))
+      batch = _pad_rows([examples[i] for i in index], batch_size)
       batch["example_index"] = np.full((batch_size,), -1, np.int32)
-      batch["example_index"][:len(rows)] = np.arange(start, start + len(rows))
+      batch["example_index"][:len(index)] = index
       yield batch
 
 
-def _truncate(tokens: np.ndarray, max_length: int) -> np.ndarray:
-  """The first max_length tokens, still ending with EOS."""
-  return np.concatenate([tokens[:max_length - 1], [tokenizer_lib.EOS_ID]]).astype(np.int32)
+def _truncate(ids: list[int], max_length: int) -> list[int]:
+  """`ids` if it fits, else its first max_length - 1 ids and EOS_ID."""
+  return ids if len(ids) <= max_length else ids[:max_length - 1] + [tokenizer_lib.EOS_ID]
 
 
-def _pad_example(example: dict[str, np.ndarray], *, length: int) -> dict[str, np.ndarray]:
-  """One unpacked example padded to `length`, with positions and segment id 1."""
-  out = {}
-  for key in ("inputs", "targets"):
-    tokens = example[key]
-    out[key] = np.zeros(length, np.int32)
-    out[key][:len(tokens)] = tokens
-    out[f"{key}_position"] = np.zeros(length, np.int32)
-    out[f"{key}_position"][:len(tokens)] = np.arange(len(tokens))
-    out[f"{key}_segmentation"] = (out[key] != tokenizer_lib.PAD_ID).astype(np.int32)
-  return out
+def _pad_rows(rows: Sequence[dict[str, np.ndarray]], num_rows: int,
+              max_length: int | None = None) -> dict[str, np.ndarray]:
+  """Unpacked batch [num_rows, L] of `rows` (then all-padding rows); L = the longest side
+  rounded up to a multiple of LENGTH_MULTIPLE, at most `max_length` when given."""
+  length = _bucket_length(max(len(r[k]) for r in rows for k in FEATURES))
+  length = min(length, max_length or length)
+  batch = {k: np.zeros((num_rows, length), np.int32) for k in BATCH_KEYS}
+  for i, row in enumerate(rows):
+    for key in FEATURES:
+      n = len(row[key])
+      batch[key][i, :n] = row[key]
+      batch[f"{key}_position"][i, :n] = np.arange(n)
+      batch[f"{key}_segmentation"][i, :n] = 1
+  return batch
 
 
-class BatchIterator(grain.DatasetIterator):
-  """Training batches read in order from an endless, shuffled grain MapDataset of examples.
+def _shuffled_stream(examples: grain.MapDataset, seed: int) -> grain.MapDataset:
+  """Endless stream of the examples, in a new seeded order every epoch."""
+  return examples.seed(seed).shuffle().repeat()
 
-  Packed (first-fit): examples are taken in stream order, each into the first row with room
-  for both its source and its target; the first example that fits in no row closes the batch
-  and opens the next one, so no example is split, dropped or reordered across batches.
-  Unpacked: `batch` examples a batch, one per row, padded to the smallest multiple of
-  EVAL_LENGTH_MULTIPLE that holds the batch's longest (length bucketing: few shapes).
 
-  The state is the stream position of the next batch's first example, so `set_state`
-  resumes exactly and the state is a small JSON dict (saved with each checkpoint).
-  """
+def _packed_batches(examples: grain.MapDataset, rows: int, length: int,
+                    seed: int) -> grain.IterDataset:
+  """First-fit packing into `rows` bins of `length` tokens per side; one batch per window
+  (an example that fits in no bin closes the batch and starts the next)."""
+  packed = grain.experimental.FirstFitPackIterDataset(
+      _shuffled_stream(examples, seed).to_iter_dataset(_NO_PREFETCH),
+      length_struct={k: length for k in FEATURES}, num_packing_bins=rows, seed=seed)
+  renamed = {f"{k}_{grain_suffix}": f"{k}_{suffix}" for k in FEATURES
+             for grain_suffix, suffix in (("segment_ids", "segmentation"),
+                                          ("positions", "position"))}
+  return packed.batch(rows).map(
+      lambda batch: {renamed.get(k, k): np.asarray(v, np.int32) for k, v in batch.items()})
 
-  def __init__(self, stream: grain.MapDataset, batch: int, length: int, *, pack: bool):
-    super().__init__()
-    self._stream, self._batch, self._length, self._pack = stream, batch, length, pack
-    self._position = 0
 
-  def get_state(self) -> dict[str, int]:
-    return {"position": self._position}
+class _Flatten(grain.experimental.FlatMapTransform):
+  """A window's list of batches -> the batches, one element each."""
 
-  def set_state(self, state: dict[str, int]) -> None:
-    self._position = int(state["position"])
+  max_fan_out = BUCKET_WINDOW_BATCHES
 
-  def __next__(self) -> dict[str, np.ndarray]:
-    if not self._pack:
-      rows = [self._stream[self._position + i] for i in range(self._batch)]
-      self._position += self._batch
-      longest = max(max(len(r["inputs"]), len(r["targets"])) for r in rows)
-      length = min(self._length, -(-longest // EVAL_LENGTH_MULTIPLE) * EVAL_LENGTH_MULTIPLE)
-      padded = [_pad_example(r, length=length) for r in rows]
-      return {k: np.stack([p[k] for p in padded]) for k in BATCH_KEYS}
-    batch = {k: np.zeros((self._batch, self._length), np.int32) for k in BATCH_KEYS}
-    used = {key: np.zeros(self._batch, np.int64) for key in ("inputs", "targets")}
-    segments = np.zeros(self._batch, np.int32)
-    while True:
-      example = self._stream[self._position]
-      fits = np.flatnonzero((used["inputs"] + len(example["inputs"]) <= self._length)
-                            & (used["targets"] + len(example["targets"]) <= self._length))
-      if not fits.size:
-        return batch
-      row = fits[0]
-      segments[row] += 1
-      for key in ("inputs", "targets"):
-        tokens, start = example[key], used[key][row]
-        end = start + len(tokens)
-        batch[key][row, start:end] = tokens
-        batch[f"{key}_position"][row, start:end] = np.arange(len(tokens))
-        batch[f"{key}_segmentation"][row, start:end] = segments[row]
-        used[key][row] = end
-      self._position += 1
+  def flat_map(self, element: list) -> list:
+    return element
+
+
+def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: int, seed: int,
+                      shard_index: int, shard_count: int) -> grain.IterDataset:
+  """Length-bucketed global batches (the same on every host), this host's rows of each."""
+
+  def sort_window(index: int, window: list[dict[str, np.ndarray]]) -> list[list]:
+    order = sorted(range(len(window)),
+                   key=lambda i: max(len(window[i][k]) for k in FEATURES))
+    batches = [[window[i] for i in order[start:start + batch_size]]
+               for start in range(0, len(order), batch_size)]
+    permutation = np.random.default_rng([seed, index]).permutation(len(batches))
+    return [batches[i] for i in permutation]
+
+  def host_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    batch = _pad_rows(rows, batch_size, max_length)
+    return {k: v[shard_index::shard_count] for k, v in batch.items()}
+
+  windows = (_shuffled_stream(examples, seed)
+             .batch(BUCKET_WINDOW_BATCHES * batch_size, batch_fn=list)
+             .map_with_index(sort_window))
+  return grain.experimental.FlatMapIterDataset(
+      windows.to_iter_dataset(_NO_PREFETCH), _Flatten()).map(host_rows)
 
 
 @functools.lru_cache(maxsize=8)

@@ -26,7 +26,11 @@ import random
 from collections import Counter
 from collections.abc import Iterator
 
+import ml_collections
 import tensorflow_datasets as tfds
+from absl import logging
+
+from relpos.data import datasets
 
 NOUNS = ("dog", "cat", "bird", "horse", "farmer", "child", "teacher", "doctor", "king", "queen",
          "girl", "boy", "fox", "wolf", "sailor", "singer", "baker", "tiger", "mouse", "friend")
@@ -37,6 +41,8 @@ INTRANSITIVE = ("sleep", "run", "sing", "laugh", "wait", "dance")
 PLACES = ("house", "tree", "river", "bridge", "table", "garden", "market", "hill")
 PREPOSITIONS = ("near", "under", "behind", "in", "on", "with")
 DETERMINERS = ("the", "a")
+SPLITS = ("train", "validation", "test", "test_long")
+MIN_SENTENCE_WORDS = 3  # "the dog sleeps"
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
 
@@ -157,7 +163,7 @@ def _sentence(clauses: list[Clause]) -> tuple[str, str]:
   return " ".join(source), " ".join(target)
 
 
-def generate(num: int, min_words: int, max_words: int, seed: int, *,
+def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
              swap_fraction: float = 0.0) -> list[tuple[str, str]]:
   """`num` (source, target) pairs with min_words..max_words source words.
 
@@ -209,50 +215,70 @@ class SyntheticParams:
   long_min_words: int = 13
   long_max_words: int = 24
 
+  def __post_init__(self):
+    """Raises ValueError for a length range the grammar cannot fill or an overlapping
+    test_long range."""
+    for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
+      if getattr(self, high) < max(getattr(self, low), MIN_SENTENCE_WORDS):
+        raise ValueError(f"config field task.synthetic.{high}={getattr(self, high)} must be at "
+                         f"least task.synthetic.{low}={getattr(self, low)} and at least "
+                         f"{MIN_SENTENCE_WORDS} (the shortest sentence).")
+    if self.long_min_words <= self.max_words:
+      raise ValueError(f"config field task.synthetic.long_min_words={self.long_min_words} must "
+                       f"exceed task.synthetic.max_words={self.max_words}: test_long holds "
+                       f"sentences longer than any training sentence.")
+
   def name(self) -> str:
     """A builder-config name unique to these parameters (a changed size never reuses data)."""
     digest = hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode())
     return f"p{digest.hexdigest()[:12]}"
 
   def splits(self) -> dict[str, list[tuple[str, str]]]:
-    """Every split's pairs; each split has its own seed derived from `seed`."""
+    """Every split's pairs, each from its own seed "<seed>/<split>" (no split of one seed
+    repeats a split of another)."""
+    short, long = (self.min_words, self.max_words), (self.long_min_words, self.long_max_words)
     return {
-        "train": generate(self.num_train, self.min_words, self.max_words, self.seed),
-        "validation": generate(self.num_validation, self.min_words, self.max_words,
-                               self.seed + 1),
-        "test": generate(self.num_test, self.min_words, self.max_words, self.seed + 2,
-                         swap_fraction=0.5),
-        "test_long": generate(self.num_test_long, self.long_min_words, self.long_max_words,
-                              self.seed + 3),
+        "train": generate(self.num_train, *short, f"{self.seed}/train"),
+        "validation": generate(self.num_validation, *short, f"{self.seed}/validation"),
+        "test": generate(self.num_test, *short, f"{self.seed}/test", swap_fraction=0.5),
+        "test_long": generate(self.num_test_long, *long, f"{self.seed}/test_long"),
     }
 
 
 class SyntheticBuilderConfig(tfds.core.BuilderConfig):
-  """Builder config carrying the generation parameters."""
+  """Builder config carrying the generation parameters; its name is their hash."""
 
   def __init__(self, params: SyntheticParams):
     super().__init__(name=params.name(), description=json.dumps(dataclasses.asdict(params)))
     self.params = params
 
 
-class SyntheticTranslation(tfds.core.GeneratorBasedBuilder):
-  """TFDS builder of the synthetic task; features {"source", "target"} (text)."""
+class SyntheticTranslation(datasets.PairBuilder):
+  """TFDS builder of the synthetic task; features {"source", "target"} (text).
 
-  VERSION = tfds.core.Version("1.0.0")
+  `info.metadata["test_permutation_fraction"]` holds `permutation_fraction` of the test split.
+  """
+
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "Each split from its own string seed; stored in generation order."}
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description=__doc__,
-        features=tfds.features.FeaturesDict({"source": tfds.features.Text(),
-                                             "target": tfds.features.Text()}),
-        supervised_keys=("source", "target"), metadata=tfds.core.MetadataDict())
+    return datasets.pair_info(self, __doc__, metadata=tfds.core.MetadataDict())
 
   def _split_generators(self, dl_manager) -> dict[str, Iterator]:
     del dl_manager  # generated, nothing to download
     splits = self.builder_config.params.splits()
-    self.info.metadata["test_permutation_fraction"] = permutation_fraction(splits["test"])
+    fraction = permutation_fraction(splits["test"])
+    self.info.metadata["test_permutation_fraction"] = fraction
+    logging.info("Synthetic test split: %.1f%% of its sources are word-order permutations of "
+                 "another test source with a different target.", 100 * fraction)
     return {name: self._generate_examples(pairs) for name, pairs in splits.items()}
 
-  def _generate_examples(self, pairs: list[tuple[str, str]]):
-    for i, (source, target) in enumerate(pairs):
-      yield i, {"source": source, "target": target}
+
+def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
+  """The synthetic dataset of `task_config.synthetic`, generated into `root` on first use."""
+  params = SyntheticParams(**task_config.synthetic.to_dict())
+  builder = SyntheticTranslation(config=SyntheticBuilderConfig(params), data_dir=root,
+                                 file_format=datasets.FILE_FORMAT)
+  datasets.prepare(builder)
+  return datasets.PairDataset(builder, SPLITS)

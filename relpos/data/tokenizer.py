@@ -38,6 +38,10 @@ class Tokenizer:
     """Token ids of `text`, ending with EOS_ID."""
     return self._processor.encode(text) + [EOS_ID]
 
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, each ending with EOS_ID (encoded on several threads)."""
+    return [ids + [EOS_ID] for ids in self._processor.encode(list(texts))]
+
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` up to the first EOS_ID; PAD_ID is skipped."""
     ids = list(ids)
@@ -51,7 +55,7 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
   """Trains a SentencePiece model in memory (deterministic: one thread, seeded sample).
 
   Args:
-    sentences: training text, one sentence per item.
+    sentences: training text, one sentence per item (read once, as a stream).
     vocab_size: the vocabulary size (a soft limit: tiny corpora may give fewer pieces).
     model_type: one of MODEL_TYPES.
     seed: seeds the sample taken when there are more than MAX_TRAINING_SENTENCES.
@@ -62,11 +66,9 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
   if model_type not in MODEL_TYPES:
     raise ValueError(f"task.spm_model_type={model_type!r} is invalid: must be one of "
                      f"{', '.join(MODEL_TYPES)}.")
-  sentences = [s for s in sentences if s.strip()]
+  sentences = _sample((s for s in sentences if s.strip()), MAX_TRAINING_SENTENCES, seed)
   if not sentences:
     raise ValueError("cannot train a tokenizer on no sentences.")
-  if len(sentences) > MAX_TRAINING_SENTENCES:
-    sentences = random.Random(seed).sample(sentences, MAX_TRAINING_SENTENCES)
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
@@ -74,6 +76,19 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
       hard_vocab_limit=False, character_coverage=1.0, num_threads=1, minloglevel=2,
       input_sentence_size=0, shuffle_input_sentence=False)
   return Tokenizer(model.getvalue())
+
+
+def _sample(items: Iterable[str], size: int, seed: int) -> list[str]:
+  """All items if there are at most `size`, else a seeded uniform sample of `size` of them
+  (reservoir sampling: memory for `size` items only)."""
+  rng = random.Random(seed)
+  sample = []
+  for i, item in enumerate(items):
+    if i < size:
+      sample.append(item)
+    elif (j := rng.randrange(i + 1)) < size:
+      sample[j] = item
+  return sample
 
 
 def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: int,

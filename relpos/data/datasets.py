@@ -1,0 +1,89 @@
+"""What the TFDS builders of relpos share: the data dir, pair features, preparing safely.
+
+Every dataset is prepared once in the `array_record` file format and read back with
+`builder.as_data_source` (random access, no TensorFlow). TFDS writes a dataset into a temporary
+`incomplete.*` folder and renames it only when every split is written; `prepare` also removes
+the empty folders a failed build leaves, so nothing that looks like a dataset stays behind.
+"""
+
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+
+import ml_collections
+import tensorflow_datasets as tfds
+
+FILE_FORMAT = "array_record"
+SOURCE_KEY = "source"
+TARGET_KEY = "target"
+
+
+@dataclasses.dataclass(frozen=True)
+class PairDataset:
+  """A prepared TFDS dataset of translation pairs.
+
+  Attributes:
+    builder: the prepared builder (`builder.info` holds the metadata).
+    splits: the split names, in a fixed order.
+    source_key, target_key: the text features of the source and the target sentence.
+  """
+  builder: tfds.core.DatasetBuilder
+  splits: tuple[str, ...]
+  source_key: str = SOURCE_KEY
+  target_key: str = TARGET_KEY
+
+  def data_sources(self) -> dict[str, Sequence[dict[str, bytes]]]:
+    """Split name -> random-access data source of decoded examples."""
+    return self.builder.as_data_source(split={split: split for split in self.splits})
+
+
+def data_dir(task_config: ml_collections.ConfigDict) -> str:
+  """task.tfds_data_dir, else $RELPOS_DATA_DIR, else ~/tensorflow_datasets."""
+  return os.path.expanduser(task_config.tfds_data_dir or os.environ.get(
+      "RELPOS_DATA_DIR", "~/tensorflow_datasets"))
+
+
+def pair_info(builder: tfds.core.DatasetBuilder, description: str,
+              **kwargs) -> tfds.core.DatasetInfo:
+  """DatasetInfo of text pairs {"source", "target"} stored in generation order.
+
+  Args:
+    builder: the builder the info describes.
+    description: what the dataset is.
+    **kwargs: more DatasetInfo arguments (homepage, metadata, ...).
+  """
+  return tfds.core.DatasetInfo(
+      builder=builder, description=description,
+      features=tfds.features.FeaturesDict({SOURCE_KEY: tfds.features.Text(),
+                                           TARGET_KEY: tfds.features.Text()}),
+      supervised_keys=(SOURCE_KEY, TARGET_KEY), disable_shuffling=True, **kwargs)
+
+
+class PairBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """Base of the builders of sentence pairs: `_split_generators` returns, per split,
+  `self._generate_examples(pairs)` for its (source, target) pairs."""
+
+  def _generate_examples(self, pairs: Sequence[tuple[str, str]]
+                         ) -> Iterator[tuple[int, dict[str, str]]]:
+    for i, (source, target) in enumerate(pairs):
+      yield i, {SOURCE_KEY: source, TARGET_KEY: target}
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> None:
+  """Writes the dataset unless it is there; a failed build leaves no folder behind it."""
+  try:
+    builder.download_and_prepare(file_format=FILE_FORMAT)
+  except BaseException:
+    _remove_empty_parents(builder.data_dir, os.path.abspath(builder.data_dir_root))
+    raise
+
+
+def _remove_empty_parents(path: str, root: str) -> None:
+  """Removes `path` (if there) and its parents below `root` up to the first non-empty one."""
+  path = os.path.abspath(path)
+  while path.startswith(root + os.sep):
+    if os.path.isdir(path):
+      if os.listdir(path):
+        return
+      os.rmdir(path)
+    path = os.path.dirname(path)
