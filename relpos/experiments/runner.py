@@ -152,6 +152,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   Returns None, writing nothing, when training was preempted (SIGTERM) after its checkpoint.
   """
   config = run_config(row, seed, task, overrides)
+  source_commit = commit()  # the code the run starts with
   start = time.time()
   summary = train.train_and_evaluate(config, workdir)
   if summary["preempted"]:
@@ -160,7 +161,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   result = {
       "table": table, "row": row, "seed": seed, "task": task,
       "k": config.model.max_relative_position if table == "k_sweep" else None,
-      "commit": commit(), "wall_time_s": time.time() - start,
+      "commit": source_commit, "wall_time_s": time.time() - start,
       "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
       "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
       "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
