@@ -221,28 +221,6 @@ def _gather_bwd(max_distance, distances, cotangent):
 _gather_by_distance.defvjp(_gather_fwd, _gather_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _weights_by_distance(weights: jax.Array, distances: _Distances,
-                         max_distance: int) -> jax.Array:
-  """Attention weights [batch, heads, q_len, kv_len] summed per distance: [..., q_len, 2k+1].
-
-  Its gradient is the gather by distance.
-  """
-  return _sum_by_distance(weights, distances, max_distance)
-
-
-def _weights_by_distance_fwd(weights, distances, max_distance):
-  return _weights_by_distance(weights, distances, max_distance), distances
-
-
-def _weights_by_distance_bwd(max_distance, distances, cotangent):
-  del max_distance
-  return _take(cotangent, distances.index), None
-
-
-_weights_by_distance.defvjp(_weights_by_distance_fwd, _weights_by_distance_bwd)
-
-
 def _table_einsum(lhs: str, table: jax.Array, out: str) -> str:
   """Einsum spec contracting with a shared [r, d] or per-head [h, r, d] table."""
   return f"{lhs},{'rd' if table.ndim == 2 else 'hrd'}->{out}"
@@ -256,10 +234,10 @@ def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances
   return _gather_by_distance(per_distance, distances, max_distance)
 
 
-def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
-             distances: _Distances | None, max_distance: int, bias: jax.Array | None,
-             mask: jax.Array | None) -> jax.Array:
-  """Attention weights [batch, heads, q_len, kv_len] in float32 (inputs already validated)."""
+def _logits(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
+            distances: _Distances | None, max_distance: int, bias: jax.Array | None,
+            mask: jax.Array | None) -> jax.Array:
+  """Masked float32 logits [batch, heads, q_len, kv_len] (inputs already validated)."""
   query = query * query.shape[-1] ** -0.5
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
   if rel_key is not None:
@@ -269,7 +247,82 @@ def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
     logits = logits + bias
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(logits, axis=-1)
+  return logits
+
+
+def _dropped(weights: jax.Array, keep: jax.Array | None, dropout_rate: float) -> jax.Array:
+  """Attention dropout: weights / (1 - rate) where `keep`, else 0 (identity when keep is None)."""
+  if keep is None:
+    return weights
+  return jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend_with_relative_values(logits: jax.Array, keep: jax.Array | None, value: jax.Array,
+                                 rel_value: jax.Array, distances: _Distances, max_distance: int,
+                                 dropout_rate: float) -> jax.Array:
+  """softmax(logits) applied to value_j + rel_value[distance(i, j)]: [batch, q_len, heads, depth].
+
+  The a^V term is sum_r sums[i, r] rel_value[r] with sums the (dropped) weights summed per
+  distance. The gradient is written out so that the logits' cotangent is one dot-product pass
+  plus one elementwise pass that reads the a^V cotangent per distance where it is needed,
+  instead of materializing a gathered [batch, heads, q_len, kv_len] cotangent of the weights.
+
+  Args:
+    logits: masked float32 logits [batch, heads, q_len, kv_len].
+    keep: None, or the bool dropout mask of the weights.
+    value: [batch, kv_len, heads, depth].
+    rel_value: [2k+1, depth] or [heads, 2k+1, depth], in value's dtype.
+    distances: from `_distances`.
+    max_distance: k.
+    dropout_rate: the rate `keep` was drawn with.
+  """
+  return _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances,
+                                          max_distance, dropout_rate)[0]
+
+
+def _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, max_distance,
+                                     dropout_rate):
+  weights = jax.nn.softmax(logits, axis=-1)
+  dropped = _dropped(weights, keep, dropout_rate)
+  # Summed in float32: an edge bucket collects up to kv_len - k weights.
+  sums = _sum_by_distance(dropped, distances, max_distance)
+  out = (jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(value.dtype), value)
+         + jnp.einsum(_table_einsum("bhqr", rel_value, "bqhd"), sums.astype(value.dtype),
+                      rel_value))
+  return out, (weights, keep, value, rel_value, distances, sums)
+
+
+def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cotangent):
+  del max_distance
+  weights, keep, value, rel_value, distances, sums = residuals
+  dropped = _dropped(weights, keep, dropout_rate).astype(value.dtype)
+  d_value = jnp.einsum("bhqk,bqhd->bkhd", dropped, cotangent)
+  d_rel_value = jnp.einsum(f"bhqr,bqhd->{'rd' if rel_value.ndim == 2 else 'hrd'}",
+                           sums.astype(value.dtype), cotangent)
+  d_sums = jnp.einsum(_table_einsum("bqhd", rel_value, "bhqr"), cotangent,
+                      rel_value).astype(jnp.float32)
+  d_dropped = jnp.einsum("bqhd,bkhd->bhqk", cotangent, value).astype(jnp.float32)
+  d_weights = _dropped(d_dropped, keep, dropout_rate)
+  # Softmax VJP: weights * (d - sum_j weights * d), with sum_j dropped * gathered d_sums
+  # = sum_r sums * d_sums. The barrier keeps the gather out of the dot-product fusion.
+  centre = (jnp.sum(weights * d_weights, axis=-1, keepdims=True)
+            + jnp.sum(sums * d_sums, axis=-1, keepdims=True))
+  d_logits = jax.lax.optimization_barrier(weights * (d_weights - centre))
+  d_logits = d_logits + weights * _dropped(_take(d_sums, distances.index), keep, dropout_rate)
+  return d_logits, None, d_value, d_rel_value, None
+
+
+_attend_with_relative_values.defvjp(_attend_with_relative_values_fwd,
+                                    _attend_with_relative_values_bwd)
+
+
+def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
+             distances: _Distances | None, max_distance: int, bias: jax.Array | None,
+             mask: jax.Array | None) -> jax.Array:
+  """Attention weights [batch, heads, q_len, kv_len] in float32 (inputs already validated)."""
+  return jax.nn.softmax(_logits(query, key, rel_key, distances, max_distance, bias, mask),
+                        axis=-1)
 
 
 def relative_attention_weights(query: jax.Array, key: jax.Array, *,
@@ -373,17 +426,15 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   if _cudnn_applies(query, key, value, rel_value, dropout):
     return _bias_attention(query, key, value, rel_key, distances, max_distance, bias, mask,
                            "cudnn")
-  weights = _weights(query, key, rel_key, distances, max_distance, bias, mask)
+  logits = _logits(query, key, rel_key, distances, max_distance, bias, mask)
+  keep = None
   if dropout:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, logits.shape)
   if rel_value is not None:
-    # Summed in float32: an edge bucket collects up to kv_len - k weights.
-    per_distance = _weights_by_distance(weights, distances, max_distance).astype(value.dtype)
-    out = out + jnp.einsum(_table_einsum("bhqr", rel_value, "bqhd"), per_distance,
-                           rel_value.astype(value.dtype))
-  return out
+    return _attend_with_relative_values(logits, keep, value, rel_value.astype(value.dtype),
+                                        distances, max_distance, dropout_rate)
+  weights = _dropped(jax.nn.softmax(logits, axis=-1), keep, dropout_rate)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
 
 
 class RelativePositionTables(nnx.Module):

@@ -43,7 +43,8 @@ def parse_override(text: str) -> tuple[str, object]:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.INFO)
+  if not flags.FLAGS["verbosity"].present:  # library INFO logs would drown the progress
+    logging.set_verbosity(logging.WARNING)
   outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
                              output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
                              overrides=dict(parse_override(s) for s in _SET.value))

@@ -225,9 +225,9 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     for seed in seeds:
       workdir = os.path.join(output_dir, "runs", f"{table}-{row.replace('=', '')}-seed{seed}")
       if os.path.exists(os.path.join(workdir, "result.json")):
-        logging.info("Skipping finished run %s.", workdir)
+        print(f"relpos: {workdir} is finished; skipping it.", flush=True)
         continue
-      logging.info("Running %s.", workdir)
+      print(f"relpos: training and evaluating {workdir}", flush=True)
       if run_one(table, row, seed, task, workdir, overrides) is None:
         logging.warning("Preempted during %s: its checkpoint is saved; rerun the same command "
                         "to resume.", workdir)
