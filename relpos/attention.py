@@ -189,9 +189,11 @@ def _sum_by_distance(values: jax.Array, distances: _Distances, max_distance: int
   num_distances = 2 * max_distance + 1
 
   def structured(values: jax.Array) -> jax.Array:
-    constant = (jnp.sum(values, axis=-1, keepdims=True)
-                * (jnp.arange(num_distances) == distances.constant_index).astype(values.dtype))
-    return jnp.where(distances.constant_row, constant, _sequential_sum(values, max_distance))
+    sums = _sequential_sum(values, max_distance)
+    # A constant row's sequential buckets add up to its total, all of which has one index.
+    constant = jnp.where(jnp.arange(num_distances) == distances.constant_index,
+                         jnp.sum(sums, axis=-1, keepdims=True), 0)
+    return jnp.where(distances.constant_row, constant, sums)
 
   return jax.lax.cond(distances.fast, structured,
                       functools.partial(_scatter_sum, index=distances.index,
@@ -226,10 +228,19 @@ def _table_einsum(lhs: str, table: jax.Array, out: str) -> str:
   return f"{lhs},{'rd' if table.ndim == 2 else 'hrd'}->{out}"
 
 
+def _heads_first(x: jax.Array) -> jax.Array:
+  """[batch, len, heads, depth] -> [batch, heads, len, depth] (the layout of the matmuls)."""
+  return jnp.swapaxes(x, 1, 2)
+
+
 def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances,
                      max_distance: int) -> jax.Array:
-  """a^K term query_i . rel_key[distance(i, j)] for a pre-scaled query: [b, h, q_len, kv_len]."""
-  per_distance = jnp.einsum(_table_einsum("bqhd", rel_key, "bhqr"), query,
+  """a^K term query_i . rel_key[distance(i, j)]: [b, h, q_len, kv_len].
+
+  Args:
+    query: pre-scaled, heads first [batch, heads, q_len, depth].
+  """
+  per_distance = jnp.einsum(_table_einsum("bhqd", rel_key, "bhqr"), query,
                             rel_key.astype(query.dtype))
   return _gather_by_distance(per_distance, distances, max_distance)
 
@@ -237,9 +248,13 @@ def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances
 def _logits(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
             distances: _Distances | None, max_distance: int, bias: jax.Array | None,
             mask: jax.Array | None) -> jax.Array:
-  """Masked float32 logits [batch, heads, q_len, kv_len] (inputs already validated)."""
+  """Masked float32 logits [batch, heads, q_len, kv_len] (inputs already validated).
+
+  Args:
+    query, key: heads first, [batch, heads, len, depth].
+  """
   query = query * query.shape[-1] ** -0.5
-  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)
+  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
   if rel_key is not None:
     logits = logits + _relative_logits(query, rel_key, distances, max_distance)
   logits = logits.astype(jnp.float32)
@@ -261,7 +276,7 @@ def _dropped(weights: jax.Array, keep: jax.Array | None, dropout_rate: float) ->
 def _attend_with_relative_values(logits: jax.Array, keep: jax.Array | None, value: jax.Array,
                                  rel_value: jax.Array, distances: _Distances, max_distance: int,
                                  dropout_rate: float) -> jax.Array:
-  """softmax(logits) applied to value_j + rel_value[distance(i, j)]: [batch, q_len, heads, depth].
+  """softmax(logits) applied to value_j + rel_value[distance(i, j)].
 
   The a^V term is sum_r sums[i, r] rel_value[r] with sums the (dropped) weights summed per
   distance. The gradient is written out so that the logits' cotangent is one dot-product pass
@@ -271,11 +286,14 @@ def _attend_with_relative_values(logits: jax.Array, keep: jax.Array | None, valu
   Args:
     logits: masked float32 logits [batch, heads, q_len, kv_len].
     keep: None, or the bool dropout mask of the weights.
-    value: [batch, kv_len, heads, depth].
+    value: heads first, [batch, heads, kv_len, depth].
     rel_value: [2k+1, depth] or [heads, 2k+1, depth], in value's dtype.
     distances: from `_distances`.
     max_distance: k.
     dropout_rate: the rate `keep` was drawn with.
+
+  Returns:
+    [batch, heads, q_len, depth].
   """
   return _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances,
                                           max_distance, dropout_rate)[0]
@@ -287,8 +305,8 @@ def _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, 
   dropped = _dropped(weights, keep, dropout_rate)
   # Summed in float32: an edge bucket collects up to kv_len - k weights.
   sums = _sum_by_distance(dropped, distances, max_distance)
-  out = (jnp.einsum("bhqk,bkhd->bqhd", dropped.astype(value.dtype), value)
-         + jnp.einsum(_table_einsum("bhqr", rel_value, "bqhd"), sums.astype(value.dtype),
+  out = (jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(value.dtype), value)
+         + jnp.einsum(_table_einsum("bhqr", rel_value, "bhqd"), sums.astype(value.dtype),
                       rel_value))
   return out, (weights, keep, value, rel_value, distances, sums)
 
@@ -297,12 +315,12 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   del max_distance
   weights, keep, value, rel_value, distances, sums = residuals
   dropped = _dropped(weights, keep, dropout_rate).astype(value.dtype)
-  d_value = jnp.einsum("bhqk,bqhd->bkhd", dropped, cotangent)
-  d_rel_value = jnp.einsum(f"bhqr,bqhd->{'rd' if rel_value.ndim == 2 else 'hrd'}",
+  d_value = jnp.einsum("bhqk,bhqd->bhkd", dropped, cotangent)
+  d_rel_value = jnp.einsum(f"bhqr,bhqd->{'rd' if rel_value.ndim == 2 else 'hrd'}",
                            sums.astype(value.dtype), cotangent)
-  d_sums = jnp.einsum(_table_einsum("bqhd", rel_value, "bhqr"), cotangent,
+  d_sums = jnp.einsum(_table_einsum("bhqd", rel_value, "bhqr"), cotangent,
                       rel_value).astype(jnp.float32)
-  d_dropped = jnp.einsum("bqhd,bkhd->bhqk", cotangent, value).astype(jnp.float32)
+  d_dropped = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value).astype(jnp.float32)
   d_weights = _dropped(d_dropped, keep, dropout_rate)
   # Softmax VJP: weights * (d - sum_j weights * d), with sum_j dropped * gathered d_sums
   # = sum_r sums * d_sums. The barrier keeps the gather out of the dot-product fusion.
@@ -321,8 +339,8 @@ def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
              distances: _Distances | None, max_distance: int, bias: jax.Array | None,
              mask: jax.Array | None) -> jax.Array:
   """Attention weights [batch, heads, q_len, kv_len] in float32 (inputs already validated)."""
-  return jax.nn.softmax(_logits(query, key, rel_key, distances, max_distance, bias, mask),
-                        axis=-1)
+  return jax.nn.softmax(_logits(_heads_first(query), _heads_first(key), rel_key, distances,
+                                max_distance, bias, mask), axis=-1)
 
 
 def relative_attention_weights(query: jax.Array, key: jax.Array, *,
@@ -372,7 +390,7 @@ def _bias_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                     implementation: str | None) -> jax.Array:
   """`jax.nn.dot_product_attention` with a^K gathered into the additive bias (no a^V)."""
   if rel_key is not None:
-    scaled = query * query.shape[-1] ** -0.5
+    scaled = _heads_first(query) * query.shape[-1] ** -0.5
     relative = _relative_logits(scaled, rel_key, distances, max_distance)
     bias = relative if bias is None else relative + bias
   return jax.nn.dot_product_attention(
@@ -426,13 +444,16 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   if _cudnn_applies(query, key, value, rel_value, dropout):
     return _bias_attention(query, key, value, rel_key, distances, max_distance, bias, mask,
                            "cudnn")
-  logits = _logits(query, key, rel_key, distances, max_distance, bias, mask)
+  logits = _logits(_heads_first(query), _heads_first(key), rel_key, distances, max_distance,
+                   bias, mask)
   keep = None
   if dropout:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, logits.shape)
   if rel_value is not None:
-    return _attend_with_relative_values(logits, keep, value, rel_value.astype(value.dtype),
-                                        distances, max_distance, dropout_rate)
+    out = _attend_with_relative_values(logits, keep, _heads_first(value),
+                                       rel_value.astype(value.dtype), distances, max_distance,
+                                       dropout_rate)
+    return _heads_first(out)
   weights = _dropped(jax.nn.softmax(logits, axis=-1), keep, dropout_rate)
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
 
