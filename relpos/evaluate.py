@@ -138,12 +138,21 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-  """Corpus sacreBLEU (cased, 13a) and chrF with their signatures."""
-  bleu, chrf = sacrebleu_metrics.BLEU(), sacrebleu_metrics.CHRF()
-  bleu_score = bleu.corpus_score(list(hypotheses), [list(references)])
-  chrf_score = chrf.corpus_score(list(hypotheses), [list(references)])
-  return {"bleu": bleu_score.score, "signature": str(bleu.get_signature()),
-          "chrf": chrf_score.score, "chrf_signature": str(chrf.get_signature()),
+  """Corpus sacreBLEU (cased, 13a; and lower-cased, as much of the literature reports) and chrF.
+
+  Returns:
+    {"bleu", "signature", "bleu_lowercase", "lowercase_signature", "chrf", "chrf_signature",
+    "num_sentences"}.
+  """
+  hypotheses, references = list(hypotheses), [list(references)]
+  bleu, lowercase = sacrebleu_metrics.BLEU(), sacrebleu_metrics.BLEU(lowercase=True)
+  chrf = sacrebleu_metrics.CHRF()
+  return {"bleu": bleu.corpus_score(hypotheses, references).score,
+          "signature": str(bleu.get_signature()),
+          "bleu_lowercase": lowercase.corpus_score(hypotheses, references).score,
+          "lowercase_signature": str(lowercase.get_signature()),
+          "chrf": chrf.corpus_score(hypotheses, references).score,
+          "chrf_signature": str(chrf.get_signature()),
           "num_sentences": len(hypotheses)}
 
 

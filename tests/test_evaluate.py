@@ -158,3 +158,14 @@ def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
       # Pickles (protocol 2 to 5) start with PROTO (0x80) then the protocol number.
       assert not name.endswith((".pkl", ".pickle"))
       assert head not in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05"), name
+
+
+def test_score_reports_cased_and_lowercased_bleu_with_signatures():
+  hypotheses = ["The cat sat on the mat .", "a dog runs"]
+  references = ["the cat sat on the mat .", "A dog runs"]
+  scores = evaluate.score(hypotheses, references)
+  assert scores["bleu_lowercase"] == pytest.approx(100.0)
+  assert scores["bleu"] < 100.0
+  assert "case:mixed" in scores["signature"]
+  assert "case:lc" in scores["lowercase_signature"]
+  assert scores["num_sentences"] == 2

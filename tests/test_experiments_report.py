@@ -79,3 +79,28 @@ def test_plots_are_written(results_path, tmp_path):
   for p in paths:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_of_a_task_with_its_own_test_split(tmp_path):
+  def multi30k_run(row, bleu):
+    scores = {"bleu": bleu, "bleu_lowercase": bleu + 2, "signature": "case:mixed|tok:13a",
+              "lowercase_signature": "case:lc|tok:13a"}
+    return {"table": "ablation", "row": row, "seed": 0, "k": None, "task": "multi30k",
+            "commit": "abc1234", "wall_time_s": 60.0, "steps_per_second": 1.0,
+            "num_params": 1000, "config": {},
+            "scores": {"validation": {"bleu": bleu - 1}, "test_2016_flickr": scores},
+            "bleu_by_source_length": {"test_2016_flickr": {"1-10": bleu + 1, "11-20": bleu - 1}}}
+
+  runs = [multi30k_run("abs", 30.0), multi30k_run("rel_kv", 31.0), multi30k_run("none", 10.0)]
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"runs": runs}))
+  text = report.write_table(str(path), str(tmp_path / "table.md"))
+  assert ("| row | seeds | validation BLEU | test_2016_flickr BLEU | "
+          "test_2016_flickr BLEU (lower-cased) |") in text
+  assert "| rel_kv | 1 | 30.0 | 31.0 | 33.0 |" in text
+  assert "sacreBLEU signature: `case:mixed|tok:13a`" in text
+  assert "| rel_kv | 32.0 | 30.0 |" in text  # per-length buckets of the task's test split
+  verdicts = {f.split(" ")[0]: v for f, v, _ in report.findings(runs)}
+  assert verdicts["1."] == "yes" and verdicts["2."] == "yes"
+  assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
+      "bleu_vs_length.png"]

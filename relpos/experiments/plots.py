@@ -29,7 +29,8 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   if not ks:
     return None
   fig, ax = plt.subplots(figsize=(5.5, 3.8))
-  for split, style in (("test", "o-"), ("test_long", "s--")):
+  held_out = [s for s in report.splits_in_order(sweep) if s != "validation"]
+  for split, style in zip(held_out, ("o-", "s--", "^-.")):
     points = [(k, [r["scores"][split]["bleu"] for r in sweep
                    if r["k"] == k and split in r["scores"]]) for k in ks]
     points = [(k, v) for k, v in points if v]
@@ -49,13 +50,14 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
 
 
 def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
-  """BLEU against source length bucket (test then test_long), one line per ablation row.
+  """BLEU against source length bucket (test splits in order), one line per ablation row.
 
   Returns:
     The path written, or None when the runs hold no per-length scores.
   """
   ablation = [r for r in runs if r["table"] == "ablation"]
-  buckets = [(s, b) for s in ("test", "test_long") for b in report.length_buckets(ablation, s)]
+  held_out = [s for s in report.splits_in_order(ablation) if s != "validation"]
+  buckets = [(s, b) for s in held_out for b in report.length_buckets(ablation, s)]
   if not buckets:
     return None
   fig, ax = plt.subplots(figsize=(7, 4))
@@ -70,9 +72,10 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     ax.plot(xs, ys, marker="o", label=row)
   ax.set_xticks(range(len(buckets)))
   ax.set_xticklabels([b for _, b in buckets], rotation=45)
-  boundary = sum(1 for s, _ in buckets if s == "test") - 0.5
-  ax.axvline(boundary, color="grey", linestyle=":")
-  ax.text(boundary + 0.1, ax.get_ylim()[1] * 0.95, "longer than training", fontsize=8)
+  if "test_long" in held_out:
+    boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
+    ax.axvline(boundary, color="grey", linestyle=":")
+    ax.text(boundary + 0.1, ax.get_ylim()[1] * 0.95, "longer than training", fontsize=8)
   ax.set_xlabel("source length (words)")
   ax.set_ylabel("BLEU")
   ax.legend(fontsize=7, ncol=2)

@@ -1,0 +1,107 @@
+"""The train step of the default (synthetic) and Multi30K models, per position variant.
+
+Uses the library's own compiled step (`relpos.train.Steps`: forward, backward, optimizer update,
+dropout on) on packed batches shaped like the task's (random tokens, segments of 3 to 20 tokens
+packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
+relative to `abs` of the same model and run.
+"""
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from benchmarks import common
+from configs import ablation
+from relpos import config_validation
+from relpos import evaluate
+from relpos import train as train_lib
+
+VARIANTS = ("abs", "rel_kv", "rel_k", "rel_v", "t5", "rope", "alibi", "none")
+QUICK_VARIANTS = ("abs", "rel_kv", "t5")
+# Rows per step. Multi30K's 128 rows take seconds per step on a laptop CPU; the ratio between
+# variants is what this measures, so its batch is cut (and said so in the output).
+BATCH_SIZES = {"synthetic": None, "multi30k": 16}
+EOS_ID = 1
+
+
+def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """A packed batch (the six keys, int32 [rows, length]) of random sentences of 3-20 tokens.
+
+  Each row holds whole segments (positions restarting at 0, segment ids 1, 2, ...) followed by
+  padding (token, position and segment 0), like the packing of `relpos.data.pipeline`.
+  """
+  rng = np.random.default_rng(seed)
+  batch = {key: np.zeros((rows, length), np.int32) for key in train_lib.BATCH_KEYS}
+  for row in range(rows):
+    for side in ("inputs", "targets"):
+      start, segment = 0, 1
+      while True:
+        size = int(rng.integers(3, 21))
+        if start + size > length:
+          break
+        span = slice(start, start + size)
+        batch[side][row, span] = rng.integers(3, vocab_size, size)
+        batch[side][row, start + size - 1] = EOS_ID
+        batch[f"{side}_position"][row, span] = np.arange(size)
+        batch[f"{side}_segmentation"][row, span] = segment
+        start, segment = start + size, segment + 1
+  return batch
+
+
+def _config(row: str, task: str) -> ml_collections.ConfigDict:
+  config = ablation.get_config(f"{row},{task}")
+  if BATCH_SIZES[task] is not None:
+    config.train.batch_size = BATCH_SIZES[task]
+  return config
+
+
+def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, Any]:
+  """Times the train step of every variant of one task's model.
+
+  Returns:
+    {'task', 'batch_size', 'length', 'model': {...}, 'records': [{variant, seconds,
+    steps_per_second, time_ratio (to abs), flops, temp_bytes}]}.
+  """
+  mesh = evaluate.make_mesh()
+  calls, stats, shape = {}, {}, None
+  for row in variants:
+    config = _config(row, task)
+    model_config = config_validation.validate(config)
+    steps = train_lib.Steps(mesh, model_config, config.train)
+    batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
+                                            model_config.vocab_size))
+    holder = {"state": steps.init(config.seed)}
+    compiled = steps.train.lower(holder["state"], batch).compile()
+    stats[row] = common.compiled_stats(compiled)
+
+    def call(compiled=compiled, batch=batch, holder=holder):
+      holder["state"], metrics = compiled(holder["state"], batch)
+      return metrics
+
+    calls[row] = call
+    shape = (config.train.batch_size, config.task.max_length, dict(config.model))
+  common.progress(f"train step {task}: timing {len(calls)} variants")
+  seconds = common.interleaved_medians(calls, rounds=rounds, warmup=2)
+  records = []
+  for row in variants:
+    records.append({"variant": row, "seconds": seconds[row], "steps_per_second": 1 / seconds[row],
+                    "time_ratio": seconds[row] / seconds["abs"],
+                    "flops_ratio": stats[row]["flops"] / stats["abs"]["flops"]
+                    if stats[row]["flops"] and stats["abs"]["flops"] else None, **stats[row]})
+  batch_size, length, model = shape
+  model = {k: v for k, v in model.items()
+           if k in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_encoder_layers",
+                    "num_decoder_layers", "max_relative_position")}
+  return {"task": task, "batch_size": batch_size, "length": length, "model": model,
+          "devices": len(jax.devices()), "records": records}
+
+
+def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
+  """Train-step benchmark of both models; see `run_task`."""
+  variants = QUICK_VARIANTS if quick else VARIANTS
+  results = [run_task(task, variants=variants, rounds=rounds or (3 if quick else 7))
+             for task in BATCH_SIZES]
+  notes = [f"multi30k: batch {BATCH_SIZES['multi30k']} rows instead of the config's 128 "
+           f"(CPU time); ratios between variants are what is compared."]
+  return {"tasks": results, "notes": notes}
