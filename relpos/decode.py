@@ -189,20 +189,40 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
   return jax.lax.while_loop(not_done, step_fn, state).sequences
 
 
+def _prefix_tokens_to_logits(model: nnx.Module, encoded: jax.Array,
+                             inputs: jax.Array) -> TokensToLogits:
+  """Decoding without a cache: every step reruns the decoder over the whole output buffer.
+
+  The "cache" is that buffer, int32 [n, max_decode_len]: step t writes the token of step t - 1
+  into it and reads the logits at position t (later positions are causally masked out). This is
+  what a jitted search without a cache costs; it is the reference the cached search must equal.
+  """
+  def tokens_to_logits(tokens: jax.Array, step: jax.Array,
+                       prefix: jax.Array) -> tuple[jax.Array, jax.Array]:
+    prefix = jax.lax.dynamic_update_slice(prefix, tokens[:, None], (0, jnp.maximum(step - 1, 0)))
+    logits = model.decode(encoded, inputs, prefix, targets_segmentation=jnp.ones_like(prefix))
+    return jax.lax.dynamic_index_in_dim(logits, step, axis=1, keepdims=False), prefix
+
+  return tokens_to_logits
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "alpha", "max_decode_len",
-                                             "eos_id"))
+                                             "eos_id", "use_cache"))
 def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, beam_size: int,
-               alpha: float, max_decode_len: int, eos_id: int) -> jax.Array:
+               alpha: float, max_decode_len: int, eos_id: int, use_cache: bool) -> jax.Array:
   """Jitted body of `translate` (the model travels as graphdef + state)."""
   model = nnx.merge(graphdef, state)
   batch_size = inputs.shape[0]
   tile = functools.partial(jnp.repeat, repeats=beam_size, axis=0)
   encoded, inputs = tile(model.encode(inputs)), tile(inputs)
+  if use_cache:
+    def tokens_to_logits(tokens: jax.Array, step: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+      return model.decode_step(encoded, inputs, tokens, step, cache)
 
-  def tokens_to_logits(tokens: jax.Array, step: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-    return model.decode_step(encoded, inputs, tokens, step, cache)
-
-  cache = model.init_cache(batch_size * beam_size, max_decode_len)
+    cache = model.init_cache(batch_size * beam_size, max_decode_len)
+  else:
+    tokens_to_logits = _prefix_tokens_to_logits(model, encoded, inputs)
+    cache = jnp.zeros((batch_size * beam_size, max_decode_len), jnp.int32)
   if beam_size == 1:
     return greedy_search(tokens_to_logits, cache, batch_size=batch_size, eos_id=eos_id,
                          max_decode_len=max_decode_len)
@@ -213,7 +233,7 @@ def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, b
 
 
 def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha: float = 0.6,
-              max_decode_len: int, eos_id: int = 1) -> jax.Array:
+              max_decode_len: int, eos_id: int = 1, use_cache: bool = True) -> jax.Array:
   """Encodes `inputs` once and decodes them with the cached decoder of `model`.
 
   Compiled once per (model structure, input shape, search settings); later batches of the same
@@ -226,6 +246,8 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
     alpha: GNMT length penalty exponent (beam search only).
     max_decode_len: the most output tokens per sentence (eos included).
     eos_id: end-of-sequence token.
+    use_cache: False reruns the decoder over the whole output buffer at every step (the
+      reference for the cache, and the baseline of the decoding benchmark).
 
   Returns:
     int32 [batch, max_decode_len]: the best hypothesis per input, eos-terminated (unless
@@ -238,4 +260,5 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
   graphdef, state = nnx.split(model)
   return _translate(graphdef, state, jnp.asarray(inputs, jnp.int32), beam_size=beam_size,
-                    alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id)
+                    alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id,
+                    use_cache=use_cache)

@@ -200,24 +200,6 @@ def test_default_config_builds():
   assert config.position == "relative" and config.head_dim == 16
 
 
-def uncached_search(model, inputs, beam_size, max_decode_len):
-  """Reference decoding: beam / greedy search whose every step runs the full forward pass."""
-  tiled = jnp.repeat(inputs, beam_size, axis=0)
-
-  def tokens_to_logits(tokens, step, targets):
-    targets = jax.lax.dynamic_update_slice(targets, tokens[:, None], (0, jnp.maximum(step - 1, 0)))
-    logits = model(tiled, targets, targets_segmentation=jnp.ones_like(targets))
-    return jax.lax.dynamic_index_in_dim(logits, step, axis=1, keepdims=False), targets
-
-  targets = jnp.zeros((tiled.shape[0], max_decode_len), jnp.int32)
-  if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, targets, batch_size=inputs.shape[0],
-                                max_decode_len=max_decode_len)
-  sequences, _ = decode.beam_search(tokens_to_logits, targets, batch_size=inputs.shape[0],
-                                    beam_size=beam_size, max_decode_len=max_decode_len)
-  return sequences[:, 0]
-
-
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_translate_equals_uncached_search(beam_size):
   model = make_model(position="relative", num_encoder_layers=1, logits_via_embedding=False)
@@ -226,7 +208,9 @@ def test_translate_equals_uncached_search(beam_size):
   inputs = jnp.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0], [9, 10, 11, 12, 13, 1]])
   tokens = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8)
   assert tokens.shape == (3, 8) and tokens.dtype == jnp.int32
-  np.testing.assert_array_equal(tokens, uncached_search(model, inputs, beam_size, 8))
+  uncached = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8,
+                              use_cache=False)
+  np.testing.assert_array_equal(tokens, uncached)
   ended = 0
   for row in np.asarray(tokens):
     if EOS in row:

@@ -1,0 +1,171 @@
+"""Runs the benchmarks and writes `results.json` and `results.md` (issue targets checked).
+
+  python -m benchmarks.run                       # everything (about 20 minutes on 2 CPU cores)
+  python -m benchmarks.run --quick               # fewer lengths, variants and rounds
+  python -m benchmarks.run --sections=decode     # some of: attention, train_step, decode
+
+Sections not run keep their previous results in `results.json`, so a GPU run can add its
+figures beside the CPU ones: results are stored per backend (`cpu`, `gpu`, `tpu`).
+"""
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from absl import app
+from absl import flags
+
+from benchmarks import attention
+from benchmarks import common
+from benchmarks import decode
+from benchmarks import train_step
+
+SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
+    "attention": attention.run, "train_step": train_step.run, "decode": decode.run}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The issue's targets, as ratios measured side by side.
+TRAIN_STEP_TARGET = 1.05  # rel_kv train step time / abs
+MEMORY_TARGET = 1.25  # rel_kv attention temporary memory / plain, at n = MEMORY_TARGET_LENGTH
+MEMORY_TARGET_LENGTH = 1024
+CACHE_TARGET = 5.0  # uncached / cached beam search time at the benchmark's output length
+
+_SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), "Benchmarks to run.")
+_QUICK = flags.DEFINE_bool("quick", False, "Fewer lengths, variants and rounds.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", HERE, "Where results.json and results.md go.")
+
+
+def _mib(value: float | None) -> str:
+  return "–" if value is None else f"{value / 2 ** 20:.1f}"
+
+
+def _ratio(value: float | None) -> str:
+  return "–" if value is None else f"{value:.2f}x"
+
+
+def attention_markdown(section: dict[str, Any]) -> list[str]:
+  lines = [f"Forward + backward, {section['heads']} heads, depth {section['depth']}, "
+           f"{section['dtype']}, causal mask; ratios to `plain` of the same n.", "",
+           "| n | batch | variant | k | time | temp MiB | temp | GFLOP | FLOPs |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in section["records"]:
+    flops = "–" if r["flops"] is None else f"{r['flops'] / 1e9:.2f}"
+    lines.append(f"| {r['n']} | {r['batch']} | {r['variant']} | {r['k'] or '–'} | "
+                 f"{_ratio(r['time_ratio'])} | {_mib(r['temp_bytes'])} | "
+                 f"{_ratio(r['temp_ratio'])} | {flops} | {_ratio(r['flops_ratio'])} |")
+  growth = attention.temp_growth(section["records"])
+  lines += ["", "rel_kv extra temporary memory over plain grows as n^p per row, p fitted between "
+            "the two longest lengths: " + ", ".join(
+                f"k={k}: p={p:.2f}" for k, p in growth["exponent_per_row"].items()) + "."]
+  lines += [f"- {note}" for note in section["notes"]]
+  return lines
+
+
+def train_step_markdown(section: dict[str, Any]) -> list[str]:
+  lines = []
+  for task in section["tasks"]:
+    lines += [f"**{task['task']}** model {task['model']}, batch {task['batch_size']} x "
+              f"{task['length']} tokens, {task['devices']} device(s):", "",
+              "| variant | ms/step | steps/s | time vs abs | FLOPs vs abs | temp MiB |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in task["records"]:
+      lines.append(f"| {r['variant']} | {r['seconds'] * 1e3:.1f} | {r['steps_per_second']:.2f} | "
+                   f"{_ratio(r['time_ratio'])} | {_ratio(r['flops_ratio'])} | "
+                   f"{_mib(r['temp_bytes'])} |")
+    lines.append("")
+  lines += [f"- {note}" for note in section["notes"]]
+  return lines
+
+
+def decode_markdown(section: dict[str, Any]) -> list[str]:
+  lines = [f"{section['sentences']} sentences of {section['source_length']} tokens, "
+           f"{section['output_length']} output tokens each (eos disabled).", "",
+           "| task | variant | search | cached sent/s | uncached sent/s | cache speedup |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for r in section["records"]:
+    lines.append(f"| {r['task']} | {r['variant']} | {r['search']} | "
+                 f"{r['cached_sentences_per_second']:.1f} | "
+                 f"{r['uncached_sentences_per_second']:.1f} | {r['cache_speedup']:.1f}x |")
+  return lines
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+  """(target, met: yes / no / not run, measured) for each of the issue's targets."""
+  out = []
+  step = results.get("train_step")
+  if step:
+    for task in step["tasks"]:
+      ratio = {r["variant"]: r["time_ratio"] for r in task["records"]}.get("rel_kv")
+      out.append((f"rel_kv train step <= {TRAIN_STEP_TARGET}x abs ({task['task']})",
+                  "yes" if ratio <= TRAIN_STEP_TARGET else "no", f"{ratio:.3f}x"))
+  att = results.get("attention")
+  if att:
+    for r in att["records"]:
+      if r["variant"] == "rel_kv" and r["n"] == MEMORY_TARGET_LENGTH and r["temp_ratio"]:
+        out.append((f"rel_kv temp memory <= {MEMORY_TARGET}x plain (n={r['n']}, k={r['k']})",
+                    "yes" if r["temp_ratio"] <= MEMORY_TARGET else "no",
+                    f"{r['temp_ratio']:.2f}x"))
+  dec = results.get("decode")
+  if dec:
+    for r in dec["records"]:
+      if r["search"] == "beam4":
+        out.append((f"cached beam search >= {CACHE_TARGET}x uncached ({r['task']}, "
+                    f"{r['variant']}, {r['output_length']} tokens)",
+                    "yes" if r["cache_speedup"] >= CACHE_TARGET else "no",
+                    f"{r['cache_speedup']:.1f}x"))
+  return out
+
+
+def render(all_results: dict[str, Any]) -> str:
+  """`results.md` from the stored results of every backend."""
+  lines = ["# relpos benchmarks", "",
+           "Made by `python -m benchmarks.run` (see `benchmarks/run.py`). Times are medians of "
+           "interleaved repeats in one process; ratios compare variants of the same run.", ""]
+  renderers = {"attention": attention_markdown, "train_step": train_step_markdown,
+               "decode": decode_markdown}
+  for backend, results in sorted(all_results.items()):
+    machine = results["machine"]
+    lines += [f"## {backend}: {', '.join(sorted(set(machine['devices'])))}", "",
+              f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
+              f"{machine['date']}; load average at the end {results.get('load')}.", "",
+              "| target | met | measured |", "| --- | --- | --- |"]
+    lines += [f"| {t} | {met} | {value} |" for t, met, value in targets(results)]
+    lines.append("")
+    for name, render_section in renderers.items():
+      if name in results:
+        lines += [f"### {name}", "", *render_section(results[name]), ""]
+  return "\n".join(lines)
+
+
+def _write(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  unknown = set(_SECTIONS.value) - set(SECTIONS)
+  if unknown:
+    raise app.UsageError(f"--sections: unknown {sorted(unknown)}; allowed: {list(SECTIONS)}.")
+  json_path = os.path.join(_OUTPUT_DIR.value, "results.json")
+  all_results = {}
+  if os.path.exists(json_path):
+    with open(json_path, encoding="utf-8") as f:
+      all_results = json.load(f)
+  backend = jax.default_backend()
+  results = all_results.setdefault(backend, {})
+  results["machine"] = common.machine()
+  for name in _SECTIONS.value:
+    common.progress(f"section {name}")
+    results[name] = SECTIONS[name](quick=_QUICK.value)
+    results["load"] = common.load()
+    _write(json_path, json.dumps(all_results, indent=1))  # each finished section is kept
+  _write(os.path.join(_OUTPUT_DIR.value, "results.md"), render(all_results))
+  print(render(all_results))
+
+
+if __name__ == "__main__":
+  app.run(main)
