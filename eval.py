@@ -11,8 +11,8 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 
+from relpos import cli
 from relpos import evaluate
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
@@ -23,18 +23,14 @@ _REFERENCE = flags.DEFINE_string("reference", None, "References for --input, one
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Overrides decode.beam_size of the run.")
 _ALPHA = flags.DEFINE_float("alpha", None, "Overrides decode.alpha of the run.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: <workdir>/eval.")
-_MULTIHOST = flags.DEFINE_string(
-    "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
-    "'<coordinator host:port>,<num_processes>,<process_id>'.")
+_MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # Library INFO logs would drown the progress bar.
-    logging.set_verbosity(logging.WARNING)
   try:
-    evaluate.initialize_distributed(_MULTIHOST.value)
+    cli.start(_MULTIHOST.value)
     result = evaluate.evaluate_checkpoint(
         _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value,
         input_file=_INPUT.value, reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value,

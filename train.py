@@ -10,9 +10,9 @@ import sys
 
 from absl import app
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
+from relpos import cli
 from relpos import evaluate
 from relpos import train
 
@@ -20,18 +20,14 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/default.py", "Config file (configs/*.py[:args]).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
                                required=True)
-_MULTIHOST = flags.DEFINE_string(
-    "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
-    "'<coordinator host:port>,<num_processes>,<process_id>'.")
+_MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # Library INFO logs would drown the progress bar.
-    logging.set_verbosity(logging.WARNING)
   try:
-    evaluate.initialize_distributed(_MULTIHOST.value)
+    cli.start(_MULTIHOST.value)
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FileNotFoundError, train.NonFiniteError) as e:
     sys.exit(f"error: {e}")

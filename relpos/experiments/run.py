@@ -12,12 +12,13 @@ Rerunning the same command skips finished runs and resumes an interrupted one.
 """
 
 import ast
+import sys
 from collections.abc import Sequence
 
 from absl import app
 from absl import flags
-from absl import logging
 
+from relpos import cli
 from relpos.experiments import runner
 
 _TABLE = flags.DEFINE_enum("table", "ablation", list(runner.TABLES), "Which table to run.")
@@ -43,11 +44,13 @@ def parse_override(text: str) -> tuple[str, object]:
 def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # library INFO logs would drown the progress
-    logging.set_verbosity(logging.WARNING)
-  outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
-                             output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
-                             overrides=dict(parse_override(s) for s in _SET.value))
+  try:
+    cli.start()
+    outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
+                               output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
+                               overrides=dict(parse_override(s) for s in _SET.value))
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"error: {e}")
   print(outputs["table"])
   print("Wrote", outputs["results"], "and", ", ".join(outputs["plots"]))
 

@@ -1,0 +1,45 @@
+"""Tests for relpos.cli: the start-up of the command-line programs."""
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from absl import logging
+
+from relpos import cli
+
+
+@pytest.fixture
+def parsed_flags():
+  """Parses an empty command line (absl flags are global), restoring the verbosity after."""
+  verbosity = logging.get_verbosity()
+  flags.FLAGS(["prog"])
+  yield flags.FLAGS
+  logging.set_verbosity(verbosity)
+
+
+def test_start_quiets_library_logs_and_stays_single_process(parsed_flags):
+  logging.set_verbosity(logging.INFO)
+  cli.start("")
+  assert logging.get_verbosity() == logging.WARNING
+
+
+def test_start_keeps_an_explicit_verbosity(parsed_flags):
+  parsed_flags["verbosity"].parse("1")
+  cli.start("")
+  assert logging.get_verbosity() == 1
+  parsed_flags["verbosity"].present = 0
+
+
+def test_start_rejects_a_malformed_multihost(parsed_flags):
+  with pytest.raises(ValueError, match="multihost"):
+    cli.start("host:1234,two")
+
+
+def test_programs_exit_with_the_error_not_a_traceback(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "relpos.experiments.run", "--output_dir", str(tmp_path),
+       "--set=train.num_steps"], capture_output=True, text=True, check=False)
+  assert result.returncode == 1
+  assert "error: --set 'train.num_steps': expected dotted.field=value." in result.stderr
+  assert "Traceback" not in result.stderr
