@@ -5,9 +5,9 @@ does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training
 
 Every sentence is translated: sources are batched by length and padded to a length bucket,
 never filtered or truncated, and each batch may decode up to 2 * (its padded source length)
-+ 10 tokens (capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are sacreBLEU (cased,
-13a tokenization) and chrF on detokenized output (`Tokenizer.decode`) against the raw
-reference text, with their signatures.
++ 10 tokens (capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are
+sacreBLEU (cased, 13a tokenization; and lower-cased) and chrF on detokenized output
+(`Tokenizer.decode`) against the raw reference text, with their signatures.
 
 A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
 """
@@ -127,8 +127,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     local = process_rows({"inputs": inputs})["inputs"]
     tokens = decode.translate(
         model, jax.make_array_from_process_local_data(sharding, local),
-        beam_size=config.decode.beam_size, alpha=config.decode.alpha, max_decode_len=max_decode_len(inputs.shape[1], config.decode,
-                                                   config.model.max_len),
+        beam_size=config.decode.beam_size, alpha=config.decode.alpha,
+        max_decode_len=max_decode_len(inputs.shape[1], config.decode, config.model.max_len),
         eos_id=tokenizer_lib.EOS_ID)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
     for i, row in zip(example_index, tokens):
