@@ -33,7 +33,7 @@ CACHE_TARGET = 5.0  # uncached / cached beam search time at the benchmark's outp
 
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), "Benchmarks to run.")
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer lengths, variants and rounds.")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", HERE, "Where results.json and results.md go.")
+_RESULTS_DIR = flags.DEFINE_string("results_dir", HERE, "Where results.json and results.md go.")
 
 
 def _mib(value: float | None) -> str:
@@ -150,7 +150,7 @@ def main(argv: list[str]) -> None:
   unknown = set(_SECTIONS.value) - set(SECTIONS)
   if unknown:
     raise app.UsageError(f"--sections: unknown {sorted(unknown)}; allowed: {list(SECTIONS)}.")
-  json_path = os.path.join(_OUTPUT_DIR.value, "results.json")
+  json_path = os.path.join(_RESULTS_DIR.value, "results.json")
   all_results = {}
   if os.path.exists(json_path):
     with open(json_path, encoding="utf-8") as f:
@@ -163,7 +163,7 @@ def main(argv: list[str]) -> None:
     results[name] = SECTIONS[name](quick=_QUICK.value)
     results["load"] = common.load()
     _write(json_path, json.dumps(all_results, indent=1))  # each finished section is kept
-  _write(os.path.join(_OUTPUT_DIR.value, "results.md"), render(all_results))
+  _write(os.path.join(_RESULTS_DIR.value, "results.md"), render(all_results))
   print(render(all_results))
 
 

@@ -11,11 +11,15 @@ from relpos import cli
 
 @pytest.fixture
 def parsed_flags():
-  """Parses an empty command line (absl flags are global), restoring the verbosity after."""
-  verbosity = logging.get_verbosity()
-  flags.FLAGS(["prog"])
+  """The global absl flags marked as parsed (none given); flags and log levels restored after."""
+  absl_logger = logging.get_absl_logger()
+  level, was_parsed = absl_logger.level, flags.FLAGS.is_parsed()
+  flags.FLAGS.mark_as_parsed()
   yield flags.FLAGS
-  logging.set_verbosity(verbosity)
+  flags.FLAGS["verbosity"].present = 0
+  if not was_parsed:
+    flags.FLAGS.unparse_flags()
+  absl_logger.setLevel(level)  # NOTSET by default: other tests' caplog levels must apply
 
 
 def test_start_quiets_library_logs_and_stays_single_process(parsed_flags):
@@ -25,10 +29,9 @@ def test_start_quiets_library_logs_and_stays_single_process(parsed_flags):
 
 
 def test_start_keeps_an_explicit_verbosity(parsed_flags):
-  parsed_flags["verbosity"].parse("1")
+  parsed_flags["verbosity"].parse("1")  # as --verbosity=1 would
   cli.start("")
   assert logging.get_verbosity() == 1
-  parsed_flags["verbosity"].present = 0
 
 
 def test_start_rejects_a_malformed_multihost(parsed_flags):
