@@ -149,9 +149,29 @@ def test_efficient_matches_naive_with_packed_positions():
   pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
   mask = ((segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0))[:, None]
   kwargs = {"mask": mask, "query_positions": pos, "key_positions": pos}
-  _assert_matches_naive([(_random_inputs(3, 2, 6, 6, 2, 4, 2, per_head, terms), 2, kwargs)
+  # k = 9 > 5, the longest distance: only the middle rows of the tables are read.
+  _assert_matches_naive([(_random_inputs(3, 2, 6, 6, 2, 4, k, per_head, terms), k, kwargs)
                          for terms, per_head in [("key", False), ("value", True),
-                                                 ("key+value", False)]])
+                                                 ("key+value", False)] for k in (2, 9)])
+
+
+def test_tables_beyond_the_sequence_are_read_only_when_positions_reach_them():
+  inputs = _random_inputs(5, 1, 4, 4, 2, 4, 6, False, "key+value")
+
+  def table_grads(positions):
+    def loss(tables):
+      out = attention.relative_dot_product_attention(
+          inputs["query"], inputs["key"], inputs["value"], max_distance=6,
+          query_positions=positions, key_positions=positions, **tables)
+      return jnp.sum(out ** 2)
+    return jax.grad(loss)({"rel_key": inputs["rel_key"], "rel_value": inputs["rel_value"]})
+
+  near = table_grads(jnp.arange(4))  # distances -3..3: rows 3..9 of 13
+  far = table_grads(jnp.array([0, 2, 4, 6]))  # distances -6, -4, ..., 6: the even rows
+  offsets = jnp.arange(13) - 6
+  for name in ("rel_key", "rel_value"):
+    np.testing.assert_array_equal(jnp.abs(near[name]).sum(-1) > 0, jnp.abs(offsets) <= 3)
+    np.testing.assert_array_equal(jnp.abs(far[name]).sum(-1) > 0, offsets % 2 == 0)
 
 
 def test_packed_equals_unpacked():
