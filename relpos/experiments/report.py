@@ -149,8 +149,8 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   table_runs = [r for r in runs if r["table"] == table]
   splits = splits_in_order(table_runs)
   test_split = main_test_split(table_runs)
-  lowercase = [r["scores"][test_split]["bleu_lowercase"] for r in table_runs
-               if "bleu_lowercase" in r["scores"].get(test_split, {})]
+  # Lower-cased BLEU only where every run has it (runs from before it was recorded lack it).
+  lowercase = all("bleu_lowercase" in r["scores"].get(test_split, {}) for r in table_runs)
   header = (["row", "seeds"] + [f"{s} BLEU" for s in splits]
             + ([f"{test_split} BLEU (lower-cased)"] if lowercase else [])
             + ["paper", "params", "steps/s"])
@@ -170,8 +170,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     cells = [row, str(seeds)] + [_format(_scores(runs, table, row, s)) for s in splits]
     if lowercase:
       cells.append(_format([r["scores"][test_split]["bleu_lowercase"] for r in table_runs
-                            if r["row"] == row
-                            and "bleu_lowercase" in r["scores"].get(test_split, {})]))
+                            if r["row"] == row]))
     cells += [paper_cell, f"{params[0]:,}" if params else "–",
               f"{mean_std(speed)[0]:.2f}" if speed else "–"]
     lines.append("| " + " | ".join(cells) + " |")
