@@ -7,7 +7,6 @@ signature), chrF, the number of sentences and the checkpoint step to --output_di
 (default `<workdir>/eval`). The JSON is also printed.
 """
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -27,16 +26,10 @@ _MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    cli.start(_MULTIHOST.value)
-    result = evaluate.evaluate_checkpoint(
-        _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value,
-        input_file=_INPUT.value, reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value,
-        alpha=_ALPHA.value, output_dir=_OUTPUT_DIR.value)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+  result = cli.run(argv, lambda: evaluate.evaluate_checkpoint(
+      _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value,
+      input_file=_INPUT.value, reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value,
+      alpha=_ALPHA.value, output_dir=_OUTPUT_DIR.value), multihost=_MULTIHOST.value)
   print(json.dumps(result, indent=2))
 
 

@@ -6,14 +6,12 @@ and exits with status 0. On several hosts pass --multihost
 (see relpos.evaluate.initialize_distributed).
 """
 import json
-import sys
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from relpos import cli
-from relpos import evaluate
 from relpos import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -24,13 +22,9 @@ _MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    cli.start(_MULTIHOST.value)
-    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, FileNotFoundError, train.NonFiniteError) as e:
-    sys.exit(f"error: {e}")
+  result = cli.run(argv, lambda: train.train_and_evaluate(_CONFIG.value, _WORKDIR.value),
+                   multihost=_MULTIHOST.value,
+                   errors=(ValueError, FileNotFoundError, train.NonFiniteError))
   print(json.dumps(result))
 
 

@@ -1,8 +1,15 @@
 """Start-up shared by the command-line programs (train.py, eval.py, relpos.experiments.run)."""
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from absl import app
 from absl import flags
 from absl import logging
 
 from relpos import evaluate
+
+Result = TypeVar("Result")
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -23,3 +30,20 @@ def start(multihost: str = "") -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   evaluate.initialize_distributed(multihost)
+
+
+def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "",
+        errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> Result:
+  """The body of a program's absl `main`: `start`, then `work()`, whose result it returns.
+
+  Raises:
+    app.UsageError: on positional arguments.
+    SystemExit: "error: <message>" (status 1) for any of `errors`, instead of a traceback.
+  """
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
+  try:
+    start(multihost)
+    return work()
+  except errors as e:
+    sys.exit(f"error: {e}")

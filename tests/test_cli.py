@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+from absl import app
 from absl import flags
 from absl import logging
 
@@ -46,3 +47,19 @@ def test_programs_exit_with_the_error_not_a_traceback(tmp_path):
   assert result.returncode == 1
   assert "error: --set 'train.num_steps': expected dotted.field=value." in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_run_returns_the_result_and_rejects_positional_arguments(parsed_flags):
+  assert cli.run(["prog"], lambda: 7) == 7
+  with pytest.raises(app.UsageError, match="unexpected arguments"):
+    cli.run(["prog", "extra"], lambda: 7)
+
+
+def test_run_turns_the_listed_errors_into_one_line(parsed_flags):
+  def fail():
+    raise FileNotFoundError("no such workdir")
+
+  with pytest.raises(SystemExit, match="error: no such workdir"):
+    cli.run(["prog"], fail)
+  with pytest.raises(KeyError):  # not listed: a real bug keeps its traceback
+    cli.run(["prog"], lambda: {}["x"])

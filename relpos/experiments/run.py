@@ -12,7 +12,6 @@ Rerunning the same command skips finished runs and resumes an interrupted one.
 """
 
 import ast
-import sys
 from collections.abc import Sequence
 
 from absl import app
@@ -42,15 +41,9 @@ def parse_override(text: str) -> tuple[str, object]:
 
 
 def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    cli.start()
-    outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
-                               output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
-                               overrides=dict(parse_override(s) for s in _SET.value))
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+  outputs = cli.run(argv, lambda: runner.run_table(
+      _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
+      rows=_ROWS.value, overrides=dict(parse_override(s) for s in _SET.value)))
   print(outputs["table"])
   print("Wrote", outputs["results"], "and", ", ".join(outputs["plots"]))
 
