@@ -16,9 +16,11 @@ Summing per distance (the a^V forward and the a^K backward) is a scatter-add in 
 is slow on CPU. When every pair the softmax can weigh has distance clip(j - i) (positions
 0..n-1, or positions restarting per packed segment whose mask keeps segments apart), the sums are
 the band |j - i| < k read along diagonals plus two masked row sums, and rows whose weighed pairs
-all share one distance (padding) are a row sum. This structure is checked at run time from the
-positions and the mask (`_distances`); a `lax.cond` takes the scatter-add whenever it does not
-hold, so results are exact for arbitrary positions. Without positions no check is needed.
+all share one distance (padding) are a row sum; the gathers likewise read one pattern shared by
+the whole batch instead of a per-pair index. This structure is checked at run time from the
+positions and the mask in one pass over the pairs (`_distances`); a `lax.cond` takes the per-pair
+gather and scatter-add whenever it does not hold, so results are exact for arbitrary positions.
+Without positions no check is needed.
 
 On a GPU, variants that reduce to an additive bias (none, t5, alibi, a^K without a^V) in half
 precision call `jax.nn.dot_product_attention` with cuDNN, with a^K gathered into the bias.
@@ -83,21 +85,41 @@ def _check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
 
 
 class _Distances(NamedTuple):
-  """The clipped distance index of every (query, key) pair, and how sums over it may be taken.
+  """Which clipped distance index each (query, key) pair has, and how to gather and sum by it.
+
+  Without positions every pair's index is clip(j - i, -k, k) + k (`_sequential_index`), a pattern
+  shared by the whole batch. With positions the index is computed from them, and a run-time check
+  says whether the shared pattern still serves: `structured` is True when every row is sequential
+  (its index is clip(j - i) + k on every pair its softmax can weigh) or constant on those pairs
+  (padding rows of packed batches). Gathers and sums then use the shared pattern with a per-row
+  fix for constant rows; otherwise the per-pair index (a gather, and a scatter-add to sum).
 
   Attributes:
-    index: int32 [batch or 1, 1, q_len, kv_len] in [0, 2k]: clip(distance) + k.
-    fast: None when index is clip(j - i) + k for every pair (no positions given); else a bool
-      scalar, True when every row is sequential (index == clip(j - i) + k) or constant over the
-      pairs its softmax can weigh: the pairs `mask` keeps in some head, or all pairs of a row
-      that a head masks completely.
-    constant_row: None, or bool [batch or 1, 1, q_len, 1]: the rows summed as constant.
+    sequential_index: int32 [1, 1, q_len, kv_len]: clip(j - i, -k, k) + k.
+    query_positions: None, or int32 [batch or 1, q_len].
+    key_positions: None, or int32 [batch or 1, kv_len].
+    structured: None without positions; else a bool scalar (see above).
+    constant_row: None, or bool [batch or 1, 1, q_len, 1]: the rows taken as constant.
     constant_index: None, or int32 [batch or 1, 1, q_len, 1]: their one index.
   """
-  index: jax.Array
-  fast: jax.Array | None
+  sequential_index: jax.Array
+  query_positions: jax.Array | None
+  key_positions: jax.Array | None
+  structured: jax.Array | None
   constant_row: jax.Array | None
   constant_index: jax.Array | None
+
+
+def _sequential_index(q_len: int, kv_len: int, max_distance: int) -> jax.Array:
+  """int32 [q_len, kv_len]: clip(j - i, -k, k) + k."""
+  return positions_lib.clipped_relative_position_index(
+      jnp.arange(q_len, dtype=jnp.int32), jnp.arange(kv_len, dtype=jnp.int32), max_distance)
+
+
+def _pair_index(distances: _Distances, max_distance: int) -> jax.Array:
+  """int32 [batch or 1, 1, q_len, kv_len]: each pair's index from the explicit positions."""
+  return positions_lib.clipped_relative_position_index(
+      distances.query_positions, distances.key_positions, max_distance)[:, None]
 
 
 def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array | None:
@@ -116,31 +138,37 @@ def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array
 
 def _distances(query_positions: jax.Array | None, key_positions: jax.Array | None,
                mask: jax.Array | None, q_len: int, kv_len: int, max_distance: int) -> _Distances:
-  """The distance index and the run-time check of the structure `_sum_by_distance` exploits."""
-  sequential = positions_lib.clipped_relative_position_index(
-      jnp.arange(q_len, dtype=jnp.int32), jnp.arange(kv_len, dtype=jnp.int32), max_distance)
+  """The positions and the run-time check of the structure the shared pattern exploits."""
+  sequential_index = _sequential_index(q_len, kv_len, max_distance)[None, None]
   if query_positions is None and key_positions is None:
-    return _Distances(sequential[None, None], None, None, None)
-  index = positions_lib.clipped_relative_position_index(
-      _as_positions(query_positions, q_len, "query_positions"),
-      _as_positions(key_positions, kv_len, "key_positions"), max_distance)[:, None]
+    return _Distances(sequential_index, None, None, None, None, None)
+  distances = _Distances(sequential_index, _as_positions(query_positions, q_len, "query_positions"),
+                         _as_positions(key_positions, kv_len, "key_positions"), None, None, None)
+  index = _pair_index(distances, max_distance)
   weighed = _pairs_weighed(mask, q_len, kv_len)
   if weighed is None:
     weighed = jnp.ones((1, 1, q_len, kv_len), bool)
-  is_sequential = jnp.all(~weighed | (index == sequential), axis=-1, keepdims=True)
-  high = jnp.max(jnp.where(weighed, index, -1), axis=-1, keepdims=True)
-  low = jnp.min(jnp.where(weighed, index, 2 * max_distance + 1), axis=-1, keepdims=True)
-  is_constant = high == low
-  return _Distances(index, jnp.all(is_sequential | is_constant), ~is_sequential,
-                    jnp.clip(high, 0, 2 * max_distance))
+  sequential = ~weighed | (index == sequential_index)
+  # One pass over the pairs: is every weighed pair sequential, and the highest and lowest index.
+  is_sequential, high, low = jax.lax.reduce(
+      (sequential, jnp.where(weighed, index, -1), jnp.where(weighed, index, 2 * max_distance + 1)),
+      (jnp.array(True), jnp.array(-1, jnp.int32), jnp.array(2 * max_distance + 1, jnp.int32)),
+      lambda x, y: (x[0] & y[0], jnp.maximum(x[1], y[1]), jnp.minimum(x[2], y[2])), (3,))
+  is_sequential, high, low = is_sequential[..., None], high[..., None], low[..., None]
+  return distances._replace(structured=jnp.all(is_sequential | (high == low)),
+                            constant_row=~is_sequential,
+                            constant_index=jnp.clip(high, 0, 2 * max_distance))
 
 
-def _sequential_sum(values: jax.Array, max_distance: int) -> jax.Array:
+def _sequential_sum(values: jax.Array, max_distance: int, constant_row: jax.Array | None = None,
+                    constant_index: jax.Array | None = None) -> jax.Array:
   """Sums values[..., i, j] per clip(j - i, -k, k) + k, without a scatter.
 
   Args:
     values: [batch, heads, q_len, kv_len].
     max_distance: k.
+    constant_row: None, or bool [batch or 1, 1, q_len, 1]: rows whose whole sum goes to the one
+      index `constant_index` [batch or 1, 1, q_len, 1] instead.
 
   Returns:
     [batch, heads, q_len, 2k+1]: columns 1..2k-1 are the diagonals j = i + r - k (0 outside
@@ -151,17 +179,24 @@ def _sequential_sum(values: jax.Array, max_distance: int) -> jax.Array:
   q_len, kv_len = values.shape[-2:]
   offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]
   zero = jnp.zeros((), values.dtype)
-  # One variadic reduction reads `values` once for both edges.
-  before, after = jax.lax.reduce(
-      (jnp.where(offset <= -max_distance, values, zero),
-       jnp.where(offset >= max_distance, values, zero)), (zero, zero),
-      lambda x, y: (x[0] + y[0], x[1] + y[1]), (values.ndim - 1,))
-  before, after = before[..., None], after[..., None]
-  columns = jnp.arange(q_len)[:, None] + jnp.arange(1 - max_distance, max_distance)[None, :]
+  # One variadic reduction reads `values` once for both edges (and constant rows' totals).
+  operands = [jnp.where(offset <= -max_distance, values, zero),
+              jnp.where(offset >= max_distance, values, zero)]
+  if constant_row is not None:
+    operands.append(values)
+  edges = jax.lax.reduce(tuple(operands), (zero,) * len(operands),
+                         lambda x, y: tuple(a + b for a, b in zip(x, y)), (values.ndim - 1,))
+  before, after = edges[0][..., None], edges[1][..., None]
+  columns = jnp.arange(q_len)[:, None] + jnp.arange(-max_distance, max_distance + 1)[None, :]
   inside = (columns >= 0) & (columns < kv_len)
   diagonals = jnp.take_along_axis(values, jnp.clip(columns, 0, kv_len - 1)[None, None], axis=-1,
                                   mode="promise_in_bounds", wrap_negative_indices=False)
-  return jnp.concatenate([before, jnp.where(inside, diagonals, 0), after], axis=-1)
+  index = jnp.arange(2 * max_distance + 1)
+  sums = jnp.where(index == 0, before,
+                   jnp.where(index == 2 * max_distance, after, jnp.where(inside, diagonals, 0)))
+  if constant_row is None:
+    return sums
+  return jnp.where(constant_row, jnp.where(index == constant_index, edges[2][..., None], 0), sums)
 
 
 def _scatter_sum(values: jax.Array, index: jax.Array, num_distances: int) -> jax.Array:
@@ -173,7 +208,7 @@ def _scatter_sum(values: jax.Array, index: jax.Array, num_distances: int) -> jax
 
 
 def _take(per_distance: jax.Array, index: jax.Array) -> jax.Array:
-  """per_distance[b, h, i, index[b, 0, i, j]]: [batch, heads, q_len, kv_len]."""
+  """per_distance[b, h, i, index[b, 0, i, j]]: [batch, heads, q_len, index.shape[-1]]."""
   return jnp.take_along_axis(per_distance, index, axis=-1, mode="promise_in_bounds",
                              wrap_negative_indices=False)
 
@@ -184,32 +219,42 @@ def _sum_by_distance(values: jax.Array, distances: _Distances, max_distance: int
   Exact for arbitrary positions provided `values` vanish on the pairs `distances` was checked
   without (softmax weights, and the logits' cotangents, are 0 where the mask removes a pair).
   """
-  if distances.fast is None:
+  if distances.structured is None:
     return _sequential_sum(values, max_distance)
   num_distances = 2 * max_distance + 1
 
   def structured(values: jax.Array) -> jax.Array:
-    sums = _sequential_sum(values, max_distance)
-    # A constant row's sequential buckets add up to its total, all of which has one index.
-    constant = jnp.where(jnp.arange(num_distances) == distances.constant_index,
-                         jnp.sum(sums, axis=-1, keepdims=True), 0)
-    return jnp.where(distances.constant_row, constant, sums)
+    return _sequential_sum(values, max_distance, distances.constant_row, distances.constant_index)
 
-  return jax.lax.cond(distances.fast, structured,
-                      functools.partial(_scatter_sum, index=distances.index,
-                                        num_distances=num_distances), values)
+  def per_pair(values: jax.Array) -> jax.Array:
+    return _scatter_sum(values, _pair_index(distances, max_distance), num_distances)
+
+  return jax.lax.cond(distances.structured, structured, per_pair, values)
+
+
+def _take_by_distance(per_distance: jax.Array, distances: _Distances,
+                      max_distance: int) -> jax.Array:
+  """per_distance [batch, heads, q_len, 2k+1] read at each pair's index: [..., q_len, kv_len]."""
+  if distances.structured is None:
+    return _take(per_distance, distances.sequential_index)
+
+  def structured(per_distance: jax.Array) -> jax.Array:
+    constant = _take(per_distance, distances.constant_index)
+    return jnp.where(distances.constant_row, constant,
+                     _take(per_distance, distances.sequential_index))
+
+  def per_pair(per_distance: jax.Array) -> jax.Array:
+    return _take(per_distance, _pair_index(distances, max_distance))
+
+  return jax.lax.cond(distances.structured, structured, per_pair, per_distance)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _gather_by_distance(per_distance: jax.Array, distances: _Distances,
                         max_distance: int) -> jax.Array:
-  """per_distance [batch, heads, q_len, 2k+1] read at each pair's index: [..., q_len, kv_len].
-
-  Its gradient is `_sum_by_distance` (valid because the logits' cotangent vanishes off the
-  pairs the mask keeps).
-  """
-  del max_distance
-  return _take(per_distance, distances.index)
+  """`_take_by_distance` whose gradient is `_sum_by_distance` (valid because the logits'
+  cotangent vanishes off the pairs the mask keeps)."""
+  return _take_by_distance(per_distance, distances, max_distance)
 
 
 def _gather_fwd(per_distance, distances, max_distance):
@@ -312,7 +357,6 @@ def _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, 
 
 
 def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cotangent):
-  del max_distance
   weights, keep, value, rel_value, distances, sums = residuals
   dropped = _dropped(weights, keep, dropout_rate).astype(value.dtype)
   d_value = jnp.einsum("bhqk,bhqd->bhkd", dropped, cotangent)
@@ -327,7 +371,8 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   centre = (jnp.sum(weights * d_weights, axis=-1, keepdims=True)
             + jnp.sum(sums * d_sums, axis=-1, keepdims=True))
   d_logits = jax.lax.optimization_barrier(weights * (d_weights - centre))
-  d_logits = d_logits + weights * _dropped(_take(d_sums, distances.index), keep, dropout_rate)
+  d_logits = d_logits + weights * _dropped(_take_by_distance(d_sums, distances, max_distance),
+                                            keep, dropout_rate)
   return d_logits, None, d_value, d_rel_value, None
 
 

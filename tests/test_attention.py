@@ -143,14 +143,21 @@ def test_efficient_matches_naive_with_different_lengths(per_head):
   _assert_matches_naive(shorter_queries + longer_queries)
 
 
-def test_efficient_matches_naive_with_packed_positions():
-  # Two packed rows: segments [0 1 2 | 0 1 | pad] and [0 1 2 3 4 5].
-  segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
-  pos = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
-  mask = ((segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0))[:, None]
+@pytest.mark.parametrize("padding", ["attends_padding", "masked"])
+def test_efficient_matches_naive_with_packed_positions(padding):
+  # Two packed rows: segments [0 1 2 | 0 1 | pad pad] and [0 1 2 3 4 5 6].
+  segments = jnp.array([[1, 1, 1, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+  pos = jnp.array([[0, 1, 2, 0, 1, 0, 0], [0, 1, 2, 3, 4, 5, 6]])
+  mask = (segments[:, :, None] == segments[:, None, :])[:, None]
+  if padding == "masked":
+    mask = mask & (segments[:, None, None, :] > 0)
+  # Padding that attends to padding (as in relpos.model) makes rows of one distance, summed along
+  # the shared pattern; fully masked padding rows weigh every key, so the per-pair index is used.
+  structured = attention._distances(pos, pos, mask, 7, 7, 2).structured  # pylint: disable=protected-access
+  assert bool(structured) == (padding == "attends_padding")
   kwargs = {"mask": mask, "query_positions": pos, "key_positions": pos}
-  # k = 9 > 5, the longest distance: only the middle rows of the tables are read.
-  _assert_matches_naive([(_random_inputs(3, 2, 6, 6, 2, 4, k, per_head, terms), k, kwargs)
+  # k = 9 > 6, the longest distance: only the middle rows of the tables are read.
+  _assert_matches_naive([(_random_inputs(3, 2, 7, 7, 2, 4, k, per_head, terms), k, kwargs)
                          for terms, per_head in [("key", False), ("value", True),
                                                  ("key+value", False)] for k in (2, 9)])
 
