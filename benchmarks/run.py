@@ -2,7 +2,7 @@
 
   python -m benchmarks.run                       # everything (14 minutes on 2 idle CPU cores)
   python -m benchmarks.run --quick               # fewer lengths, variants and rounds
-  python -m benchmarks.run --sections=decode     # some of: attention, train_step, decode
+  python -m benchmarks.run --sections=decode     # some of: attention, train_step, profile, decode
 
 Sections not run keep their previous results in `results.json`, so a GPU run can add its
 figures beside the CPU ones: results are stored per backend (`cpu`, `gpu`, `tpu`).
@@ -19,10 +19,12 @@ from absl import flags
 from benchmarks import attention
 from benchmarks import common
 from benchmarks import decode
+from benchmarks import profile
 from benchmarks import train_step
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
-    "attention": attention.run, "train_step": train_step.run, "decode": decode.run}
+    "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
+    "decode": decode.run}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The targets, as ratios measured side by side.
@@ -78,6 +80,23 @@ def train_step_markdown(section: dict[str, Any]) -> list[str]:
   return lines
 
 
+def profile_markdown(section: dict[str, Any]) -> list[str]:
+  base, other = section["records"][0], section["records"][1]
+  lines = [f"Train step of the {section['task']} model under `jax.profiler` ({section['steps']} "
+           f"steps; slower than unprofiled), XLA instruction time per kind of work, ms per step.",
+           "", f"| kind | {base['variant']} | {other['variant']} | extra | extra / "
+           f"{base['variant']} step |", "| --- | --- | --- | --- | --- |"]
+  for name in [*profile.KINDS, "total"]:
+    a = base["total"] if name == "total" else base["seconds_per_kind"][name]
+    b = other["total"] if name == "total" else other["seconds_per_kind"][name]
+    lines.append(f"| {name} | {a * 1e3:.2f} | {b * 1e3:.2f} | {(b - a) * 1e3:+.2f} | "
+                 f"{(b - a) / base['total']:+.1%} |")
+  if base["flops"] and other["flops"]:
+    lines += ["", f"FLOPs (XLA cost analysis) {other['variant']} / {base['variant']}: "
+              f"{other['flops'] / base['flops']:.3f}x."]
+  return lines
+
+
 def decode_markdown(section: dict[str, Any]) -> list[str]:
   lines = [f"{section['sentences']} sentences of {section['source_length']} tokens, "
            f"{section['output_length']} output tokens each (eos disabled).", "",
@@ -96,9 +115,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
   step = results.get("train_step")
   if step:
     for task in step["tasks"]:
-      ratio = {r["variant"]: r["time_ratio"] for r in task["records"]}.get("rel_kv")
+      record = {r["variant"]: r for r in task["records"]}["rel_kv"]
+      flops = "" if record["flops_ratio"] is None else f" (FLOPs {record['flops_ratio']:.3f}x)"
       out.append((f"rel_kv train step <= {TRAIN_STEP_TARGET}x abs ({task['task']})",
-                  "yes" if ratio <= TRAIN_STEP_TARGET else "no", f"{ratio:.3f}x"))
+                  "yes" if record["time_ratio"] <= TRAIN_STEP_TARGET else "no",
+                  f"{record['time_ratio']:.3f}x{flops}"))
   att = results.get("attention")
   if att:
     for r in att["records"]:
@@ -123,7 +144,7 @@ def render(all_results: dict[str, Any]) -> str:
            "Made by `python -m benchmarks.run` (see `benchmarks/run.py`). Times are medians of "
            "interleaved repeats in one process; ratios compare variants of the same run.", ""]
   renderers = {"attention": attention_markdown, "train_step": train_step_markdown,
-               "decode": decode_markdown}
+               "profile": profile_markdown, "decode": decode_markdown}
   for backend, results in sorted(all_results.items()):
     machine = results["machine"]
     lines += [f"## {backend}: {', '.join(sorted(set(machine['devices'])))}", "",

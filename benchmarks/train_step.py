@@ -5,7 +5,7 @@ dropout on) on packed batches shaped like the task's (random tokens, segments of
 packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
 relative to `abs` of the same model and run.
 """
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -56,6 +56,25 @@ def _config(row: str, task: str) -> ml_collections.ConfigDict:
   return config
 
 
+class CompiledStep(NamedTuple):
+  """One variant's compiled train step with a state and a packed batch to call it on."""
+  compiled: jax.stages.Compiled
+  state: Any
+  batch: dict[str, jax.Array]
+  config: ml_collections.ConfigDict
+
+
+def compiled_step(row: str, task: str) -> CompiledStep:
+  """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
+  config = _config(row, task)
+  model_config = config_validation.validate(config)
+  steps = train_lib.Steps(evaluate.make_mesh(), model_config, config.train)
+  batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
+                                          model_config.vocab_size))
+  state = steps.init(config.seed)
+  return CompiledStep(steps.train.lower(state, batch).compile(), state, batch, config)
+
+
 def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, Any]:
   """Times the train step of every variant of one task's model.
 
@@ -63,24 +82,18 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
     {'task', 'batch_size', 'length', 'model': {...}, 'records': [{variant, seconds,
     steps_per_second, time_ratio (to abs), flops, temp_bytes}]}.
   """
-  mesh = evaluate.make_mesh()
-  calls, stats, shape = {}, {}, None
+  calls, stats, config = {}, {}, None
   for row in variants:
-    config = _config(row, task)
-    model_config = config_validation.validate(config)
-    steps = train_lib.Steps(mesh, model_config, config.train)
-    batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
-                                            model_config.vocab_size))
-    holder = {"state": steps.init(config.seed)}
-    compiled = steps.train.lower(holder["state"], batch).compile()
-    stats[row] = common.compiled_stats(compiled)
+    step = compiled_step(row, task)
+    config = step.config
+    stats[row] = common.compiled_stats(step.compiled)
+    holder = {"state": step.state}
 
-    def call(compiled=compiled, batch=batch, holder=holder):
-      holder["state"], metrics = compiled(holder["state"], batch)
+    def call(step=step, holder=holder):
+      holder["state"], metrics = step.compiled(holder["state"], step.batch)
       return metrics
 
     calls[row] = call
-    shape = (config.train.batch_size, config.task.max_length, dict(config.model))
   common.progress(f"train step {task}: timing {len(calls)} variants")
   seconds = common.interleaved_medians(calls, rounds=rounds, warmup=2)
   records = []
@@ -89,12 +102,11 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
                     "time_ratio": seconds[row] / seconds["abs"],
                     "flops_ratio": stats[row]["flops"] / stats["abs"]["flops"]
                     if stats[row]["flops"] and stats["abs"]["flops"] else None, **stats[row]})
-  batch_size, length, model = shape
-  model = {k: v for k, v in model.items()
+  model = {k: v for k, v in config.model.items()
            if k in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_encoder_layers",
                     "num_decoder_layers", "max_relative_position")}
-  return {"task": task, "batch_size": batch_size, "length": length, "model": model,
-          "devices": len(jax.devices()), "records": records}
+  return {"task": task, "batch_size": config.train.batch_size, "length": config.task.max_length,
+          "model": model, "devices": len(jax.devices()), "records": records}
 
 
 def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
