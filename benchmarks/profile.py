@@ -4,9 +4,10 @@ Runs the compiled train step of each variant under `jax.profiler` (a Perfetto tr
 TensorFlow or TensorBoard needed), attributes every executed XLA instruction's time to a kind
 (matmul, gather, scatter, reduction, transpose/copy, dropout RNG, elementwise) from its
 instruction name and the JAX operation it came from, and reports milliseconds per step per kind
-for both variants and their difference. Instructions that only hold others (conditional, while,
-call) are left out so nothing is counted twice. Times under the profiler run slower than
-unprofiled ones; the differences between kinds are what this is for.
+for both variants and their difference (medians over rounds taken in turns). Instructions that
+only hold others (conditional, while, call) are left out so nothing is counted twice. Times
+under the profiler run slower than unprofiled ones; the differences between kinds are what this
+is for.
 """
 import collections
 import glob
@@ -17,6 +18,7 @@ import tempfile
 from typing import Any
 
 import jax
+import numpy as np
 
 from benchmarks import common
 from benchmarks import train_step
@@ -83,11 +85,15 @@ def profile_step(call, sources: dict[str, str], steps: int) -> dict[str, float]:
 def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
   """Profiles the train step of `abs` and `rel_kv` on `task`'s model.
 
+  The variants are profiled in turns (a few steps each, several rounds) and each kind's time is
+  the median over the rounds, as the timings of `common.interleaved_medians` are.
+
   Returns:
-    {'task', 'steps', 'records': [{variant, seconds_per_kind: {kind: s}, total, flops}]}.
+    {'task', 'steps', 'rounds', 'records': [{variant, seconds_per_kind: {kind: s}, total,
+    flops}]}.
   """
-  steps = 3 if quick else 10
-  records = []
+  steps, rounds = (2, 2) if quick else (4, 5)
+  calls, sources, flops = {}, {}, {}
   for variant in VARIANTS:
     step = train_step.compiled_step(variant, task)
     holder = {"state": step.state}
@@ -98,9 +104,17 @@ def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
 
     for _ in range(2):
       common.block(call())
-    common.progress(f"profile {task}: {variant}")
-    per_kind = profile_step(call, instruction_sources(step.compiled.as_text()), steps)
+    calls[variant] = call
+    sources[variant] = instruction_sources(step.compiled.as_text())
+    flops[variant] = common.compiled_stats(step.compiled)["flops"]
+  profiles = {variant: [] for variant in VARIANTS}
+  for turn in range(rounds):
+    common.progress(f"profile {task}: round {turn + 1} of {rounds}")
+    for variant in VARIANTS:
+      profiles[variant].append(profile_step(calls[variant], sources[variant], steps))
+  records = []
+  for variant in VARIANTS:
+    per_kind = {name: float(np.median([p[name] for p in profiles[variant]])) for name in KINDS}
     records.append({"variant": variant, "seconds_per_kind": per_kind,
-                    "total": sum(per_kind.values()),
-                    "flops": common.compiled_stats(step.compiled)["flops"]})
-  return {"task": task, "steps": steps, "records": records}
+                    "total": sum(per_kind.values()), "flops": flops[variant]})
+  return {"task": task, "steps": steps * rounds, "rounds": rounds, "records": records}

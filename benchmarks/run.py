@@ -82,8 +82,9 @@ def train_step_markdown(section: dict[str, Any]) -> list[str]:
 
 def profile_markdown(section: dict[str, Any]) -> list[str]:
   base, other = section["records"][0], section["records"][1]
-  lines = [f"Train step of the {section['task']} model under `jax.profiler` ({section['steps']} "
-           f"steps; slower than unprofiled), XLA instruction time per kind of work, ms per step.",
+  lines = [f"Train step of the {section['task']} model under `jax.profiler` (slower than "
+           f"unprofiled), XLA instruction time per kind of work in ms per step: medians of "
+           f"{section['rounds']} rounds, the variants profiled in turns.",
            "", f"| kind | {base['variant']} | {other['variant']} | extra | extra / "
            f"{base['variant']} step |", "| --- | --- | --- | --- | --- |"]
   for name in [*profile.KINDS, "total"]:

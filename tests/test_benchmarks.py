@@ -73,7 +73,7 @@ def _results():
                            "uncached_sentences_per_second": 4.0, "cache_speedup": 10.0}],
               "sentences": 16, "source_length": 24, "output_length": 64}
   per_kind = {kind: 0.001 for kind in profile.KINDS}
-  profiled = {"task": "synthetic", "steps": 2, "records": [
+  profiled = {"task": "synthetic", "steps": 4, "rounds": 2, "records": [
       {"variant": "abs", "seconds_per_kind": per_kind, "total": 0.007, "flops": 100.0},
       {"variant": "rel_kv", "seconds_per_kind": dict(per_kind, gather=0.0017), "total": 0.0077,
        "flops": 108.0}]}
