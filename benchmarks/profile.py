@@ -76,7 +76,8 @@ def profile_step(call, sources: dict[str, str], steps: int) -> dict[str, float]:
     events = _trace_events(trace_dir)
   seconds = collections.Counter({k: 0.0 for k in KINDS})
   for event in events:
-    name = event.get("name")
+    # Device traces (GPU) name the kernel and give the instruction in args['hlo_op'].
+    name = (event.get("args") or {}).get("hlo_op", event.get("name"))
     if event.get("ph") == "X" and name in sources:
       seconds[kind(name, sources[name])] += event.get("dur", 0) * 1e-6 / steps
   return dict(seconds)
