@@ -20,8 +20,8 @@ all share one distance (padding) are a row sum; the gather of the a^V backward l
 one pattern shared by the whole batch instead of a per-pair index. This structure is checked at
 run time from the positions and the mask in one pass over the pairs (`_distances`); a `lax.cond`
 takes the per-pair gather and scatter-add whenever it does not hold, so results are exact for
-arbitrary positions.
-Without positions no check is needed.
+arbitrary positions. Without positions no check is needed. The gradients of both terms are
+written out (custom VJPs), the tables' as `_table_gradient`.
 
 On a GPU, variants that reduce to an additive bias (none, t5, alibi, a^K without a^V) in half
 precision call `jax.nn.dot_product_attention` with cuDNN, with a^K gathered into the bias.
@@ -267,25 +267,6 @@ def _take_weighed_by_distance(per_distance: jax.Array, distances: _Distances,
                                         max_distance=max_distance), per_distance)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _gather_by_distance(per_distance: jax.Array, distances: _Distances,
-                        max_distance: int) -> jax.Array:
-  """`_take_by_distance` whose gradient is `_sum_by_distance` (valid because the logits'
-  cotangent vanishes off the pairs the mask keeps)."""
-  return _take_by_distance(per_distance, distances, max_distance)
-
-
-def _gather_fwd(per_distance, distances, max_distance):
-  return _gather_by_distance(per_distance, distances, max_distance), distances
-
-
-def _gather_bwd(max_distance, distances, cotangent):
-  return _sum_by_distance(cotangent, distances, max_distance), None
-
-
-_gather_by_distance.defvjp(_gather_fwd, _gather_bwd)
-
-
 def _table_einsum(lhs: str, table: jax.Array, out: str) -> str:
   """Einsum spec contracting with a shared [r, d] or per-head [h, r, d] table."""
   return f"{lhs},{'rd' if table.ndim == 2 else 'hrd'}->{out}"
@@ -296,16 +277,57 @@ def _heads_first(x: jax.Array) -> jax.Array:
   return jnp.swapaxes(x, 1, 2)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances,
                      max_distance: int) -> jax.Array:
   """a^K term query_i . rel_key[distance(i, j)]: [b, h, q_len, kv_len].
 
+  Computed as query . rel_key^T ([b, h, q_len, 2k+1]) read at each pair's index. The gradient is
+  written out: the logits' cotangent summed per distance (valid because it vanishes off the
+  pairs the mask keeps), then the two matmuls of `_table_gradient`'s layout.
+
   Args:
     query: pre-scaled, heads first [batch, heads, q_len, depth].
+    rel_key: [2k+1, depth] or [heads, 2k+1, depth].
+    distances: from `_distances`.
+    max_distance: k.
   """
   per_distance = jnp.einsum(_table_einsum("bhqd", rel_key, "bhqr"), query,
                             rel_key.astype(query.dtype))
-  return _gather_by_distance(per_distance, distances, max_distance)
+  return _take_by_distance(per_distance, distances, max_distance)
+
+
+def _relative_logits_fwd(query, rel_key, distances, max_distance):
+  return _relative_logits(query, rel_key, distances, max_distance), (query, rel_key, distances)
+
+
+def _relative_logits_bwd(max_distance, residuals, cotangent):
+  query, rel_key, distances = residuals
+  d_per_distance = _sum_by_distance(cotangent, distances, max_distance).astype(query.dtype)
+  d_query = jnp.einsum(_table_einsum("bhqr", rel_key, "bhqd"), d_per_distance,
+                       rel_key.astype(query.dtype))
+  d_rel_key = _table_gradient(d_per_distance, query, rel_key.ndim).astype(rel_key.dtype)
+  return d_query, d_rel_key, None
+
+
+_relative_logits.defvjp(_relative_logits_fwd, _relative_logits_bwd)
+
+
+def _table_gradient(per_distance: jax.Array, per_depth: jax.Array, table_ndim: int) -> jax.Array:
+  """sum over batch, query (and heads, for a shared table) of per_distance^T per_depth.
+
+  Args:
+    per_distance: [batch, heads, q_len, 2k+1].
+    per_depth: [batch, heads, q_len, depth].
+    table_ndim: 2 for a shared [2k+1, depth] table, 3 for a per-head [heads, 2k+1, depth] one.
+
+  Returns:
+    [2k+1, depth] or [heads, 2k+1, depth]. Contracted as per_depth^T per_distance and then
+    transposed, so that XLA:CPU copies the narrower per_depth operand to the layout its matmul
+    wants rather than the [..., 2k+1] one (commonly the wider: 2k+1 > depth).
+  """
+  spec = f"bhqd,bhqr->{'dr' if table_ndim == 2 else 'hdr'}"
+  return jnp.swapaxes(jnp.einsum(spec, per_depth, per_distance), -1, -2)
 
 
 def _logits(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
@@ -378,8 +400,7 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   weights, keep, value, rel_value, distances, sums = residuals
   dropped = _dropped(weights, keep, dropout_rate).astype(value.dtype)
   d_value = jnp.einsum("bhqk,bhqd->bhkd", dropped, cotangent)
-  d_rel_value = jnp.einsum(f"bhqr,bhqd->{'rd' if rel_value.ndim == 2 else 'hrd'}",
-                           sums.astype(value.dtype), cotangent)
+  d_rel_value = _table_gradient(sums.astype(value.dtype), cotangent, rel_value.ndim)
   d_sums = jnp.einsum(_table_einsum("bhqd", rel_value, "bhqr"), cotangent,
                       rel_value).astype(jnp.float32)
   d_dropped = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value).astype(jnp.float32)
