@@ -2,8 +2,9 @@
 
 Runs the compiled train step of each variant under `jax.profiler` (a Perfetto trace, no
 TensorFlow or TensorBoard needed), attributes every executed XLA instruction's time to a kind
-(matmul, gather, scatter, reduction, transpose/copy, dropout RNG, elementwise) from its
-instruction name and the JAX operation it came from, and reports milliseconds per step per kind
+(matmul, gather, scatter, reduction, transpose/copy, dropout RNG, elementwise) from the
+operations it executes (a fusion's: those it fuses), its result type and the JAX operation it
+came from, and reports milliseconds per step per kind
 for both variants and their difference (medians over rounds taken in turns). Instructions that
 only hold others (conditional, while, call) are left out so nothing is counted twice. Times
 under the profiler run slower than unprofiled ones; the differences between kinds are what this
@@ -26,36 +27,63 @@ from benchmarks import train_step
 VARIANTS = ("abs", "rel_kv")
 KINDS = ("matmul", "gather", "scatter", "reduction", "transpose/copy", "dropout RNG",
          "elementwise")
-_CONTAINERS = re.compile(r"\b(conditional|while|call)\(")
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = ")
+_CONTAINERS = ("conditional", "while", "call")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\(")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+_RANDOM_BITS = re.compile(r"\(?u32\[\d")  # unsigned 32-bit arrays: the PRNG's raw bits
+_DATA_MOVEMENT = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice",
+                  "concatenate", "parameter", "constant", "tuple", "get-tuple-element"}
 
 
-def instruction_sources(hlo_text: str) -> dict[str, str]:
-  """Instruction name -> the JAX operation path it came from ('' if none), leaving out
-  instructions that only hold others."""
-  sources = {}
+def instruction_kinds(hlo_text: str) -> dict[str, str]:
+  """Instruction name -> its `kind`, for the instructions of a compiled program's HLO text.
+
+  A fusion is judged by the operations of the computation it calls. Instructions that only
+  hold others (conditional, while, call) are left out, so that nothing is counted twice.
+  """
+  bodies, computation, lines = {}, None, []
   for line in hlo_text.splitlines():
     match = _INSTRUCTION.match(line)
-    if match and not _CONTAINERS.search(line):
-      op_name = _OP_NAME.search(line)
-      sources[match.group(1)] = op_name.group(1) if op_name else ""
-  return sources
+    if match:
+      lines.append((computation, match, line))
+      bodies.setdefault(computation, set()).add(match.group(3))
+    else:
+      header = _COMPUTATION.match(line)
+      if header:
+        computation = header.group(1)
+  kinds = {}
+  for _, match, line in lines:
+    name, result_type, opcode = match.group(1), match.group(2), match.group(3)
+    if opcode in _CONTAINERS:
+      continue
+    called = _CALLS.search(line)
+    operations = bodies.get(called.group(1), {opcode}) if called else {opcode}
+    op_name = _OP_NAME.search(line)
+    kinds[name] = kind(operations, op_name.group(1) if op_name else "", result_type)
+  return kinds
 
 
-def kind(instruction: str, source: str) -> str:
-  """The kind of work an XLA instruction does, from its name and its JAX source path."""
-  operation = source.rsplit("/", 1)[-1]
-  if "_bernoulli" in source or "_uniform" in source or "threefry" in source:
+def kind(operations: set[str], source: str, result_type: str) -> str:
+  """The kind of work an XLA instruction does.
+
+  Args:
+    operations: the HLO opcodes it executes (a fusion's: those of its fused computation).
+    source: the JAX operation path it came from (HLO metadata op_name), '' if none.
+    result_type: the HLO type of its result, e.g. 'f32[32,48]{1,0}'.
+  """
+  if ("_bernoulli" in source or "_uniform" in source or "threefry" in source
+      or _RANDOM_BITS.match(result_type)):
     return "dropout RNG"
-  if operation == "dot_general" or instruction.startswith("dot"):
+  if operations & {"dot", "convolution"}:
     return "matmul"
   for name in ("scatter", "gather"):
-    if name in instruction or operation == name:
+    if name in operations:
       return name
-  if "reduce" in instruction or operation.startswith("reduce"):
+  if operations & {"reduce", "reduce-window"}:
     return "reduction"
-  if instruction.startswith(("copy", "transpose", "wrapped_copy", "bitcast_copy")):
+  if operations <= _DATA_MOVEMENT:
     return "transpose/copy"
   return "elementwise"
 
@@ -67,8 +95,14 @@ def _trace_events(trace_dir: str) -> list[dict[str, Any]]:
   return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
-def profile_step(call, sources: dict[str, str], steps: int) -> dict[str, float]:
-  """Seconds per step per kind, from `steps` profiled calls of `call` (already warm)."""
+def profile_step(call, kinds: dict[str, str], steps: int) -> dict[str, float]:
+  """Seconds per step per kind, from `steps` profiled calls of `call` (already warm).
+
+  Args:
+    call: runs the program once.
+    kinds: `instruction_kinds` of the program.
+    steps: calls to profile.
+  """
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       for _ in range(steps):
@@ -78,8 +112,8 @@ def profile_step(call, sources: dict[str, str], steps: int) -> dict[str, float]:
   for event in events:
     # Device traces (GPU) name the kernel and give the instruction in args['hlo_op'].
     name = (event.get("args") or {}).get("hlo_op", event.get("name"))
-    if event.get("ph") == "X" and name in sources:
-      seconds[kind(name, sources[name])] += event.get("dur", 0) * 1e-6 / steps
+    if event.get("ph") == "X" and name in kinds:
+      seconds[kinds[name]] += event.get("dur", 0) * 1e-6 / steps
   return dict(seconds)
 
 
@@ -94,7 +128,7 @@ def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
     flops}]}.
   """
   steps, rounds = (2, 2) if quick else (4, 5)
-  calls, sources, flops = {}, {}, {}
+  calls, kinds, flops = {}, {}, {}
   for variant in VARIANTS:
     step = train_step.compiled_step(variant, task)
     holder = {"state": step.state}
@@ -106,13 +140,13 @@ def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
     for _ in range(2):
       common.block(call())
     calls[variant] = call
-    sources[variant] = instruction_sources(step.compiled.as_text())
+    kinds[variant] = instruction_kinds(step.compiled.as_text())
     flops[variant] = common.compiled_stats(step.compiled)["flops"]
   profiles = {variant: [] for variant in VARIANTS}
   for turn in range(rounds):
     common.progress(f"profile {task}: round {turn + 1} of {rounds}")
     for variant in VARIANTS:
-      profiles[variant].append(profile_step(calls[variant], sources[variant], steps))
+      profiles[variant].append(profile_step(calls[variant], kinds[variant], steps))
   records = []
   for variant in VARIANTS:
     per_kind = {name: float(np.median([p[name] for p in profiles[variant]])) for name in KINDS}
