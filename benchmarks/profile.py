@@ -4,11 +4,10 @@ Runs the compiled train step of each variant under `jax.profiler` (a Perfetto tr
 TensorFlow or TensorBoard needed), attributes every executed XLA instruction's time to a kind
 (matmul, gather, scatter, reduction, transpose/copy, dropout RNG, elementwise) from the
 operations it executes (a fusion's: those it fuses), its result type and the JAX operation it
-came from, and reports milliseconds per step per kind
-for both variants and their difference (medians over rounds taken in turns). Instructions that
-only hold others (conditional, while, call) are left out so nothing is counted twice. Times
-under the profiler run slower than unprofiled ones; the differences between kinds are what this
-is for.
+came from, and reports milliseconds per step per kind for both variants and their difference
+(medians over rounds taken in turns). Instructions that only hold others (conditional, while,
+call) are left out so nothing is counted twice. Times under the profiler run slower than
+unprofiled ones; the differences between kinds are what this is for.
 """
 import collections
 import glob
@@ -47,14 +46,14 @@ def instruction_kinds(hlo_text: str) -> dict[str, str]:
   for line in hlo_text.splitlines():
     match = _INSTRUCTION.match(line)
     if match:
-      lines.append((computation, match, line))
+      lines.append((match, line))
       bodies.setdefault(computation, set()).add(match.group(3))
     else:
       header = _COMPUTATION.match(line)
       if header:
         computation = header.group(1)
   kinds = {}
-  for _, match, line in lines:
+  for match, line in lines:
     name, result_type, opcode = match.group(1), match.group(2), match.group(3)
     if opcode in _CONTAINERS:
       continue
@@ -131,15 +130,9 @@ def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
   calls, kinds, flops = {}, {}, {}
   for variant in VARIANTS:
     step = train_step.compiled_step(variant, task)
-    holder = {"state": step.state}
-
-    def call(step=step, holder=holder):
-      holder["state"], metrics = step.compiled(holder["state"], step.batch)
-      return metrics
-
+    calls[variant] = train_step.caller(step)
     for _ in range(2):
-      common.block(call())
-    calls[variant] = call
+      common.block(calls[variant]())
     kinds[variant] = instruction_kinds(step.compiled.as_text())
     flops[variant] = common.compiled_stats(step.compiled)["flops"]
   profiles = {variant: [] for variant in VARIANTS}

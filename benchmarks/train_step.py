@@ -5,6 +5,7 @@ dropout on) on packed batches shaped like the task's (random tokens, segments of
 packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
 relative to `abs` of the same model and run.
 """
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -75,6 +76,18 @@ def compiled_step(row: str, task: str) -> CompiledStep:
   return CompiledStep(steps.train.lower(state, batch).compile(), state, batch, config)
 
 
+def caller(step: CompiledStep) -> Callable[[], Any]:
+  """A zero-argument function running `step` once, each call on the state the last one left;
+  returns the step's metrics."""
+  holder = {"state": step.state}
+
+  def call() -> Any:
+    holder["state"], metrics = step.compiled(holder["state"], step.batch)
+    return metrics
+
+  return call
+
+
 def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, Any]:
   """Times the train step of every variant of one task's model.
 
@@ -87,13 +100,7 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
     step = compiled_step(row, task)
     config = step.config
     stats[row] = common.compiled_stats(step.compiled)
-    holder = {"state": step.state}
-
-    def call(step=step, holder=holder):
-      holder["state"], metrics = step.compiled(holder["state"], step.batch)
-      return metrics
-
-    calls[row] = call
+    calls[row] = caller(step)
   common.progress(f"train step {task}: timing {len(calls)} variants")
   seconds = common.interleaved_medians(calls, rounds=rounds, warmup=2)
   records = []
