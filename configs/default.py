@@ -65,6 +65,13 @@ def get_config() -> ml_collections.ConfigDict:
   model.t5_max_distance = 128
   model.t5_shared_across_layers = True
   model.rope_base = 10000.0
+  # Compute dtype of activations, matmuls and the decode cache: float32 | bfloat16 | float16.
+  # Parameters, optimizer state, attention logits and softmax, output logits and the loss stay
+  # float32.
+  model.dtype = "float32"
+  # Attention kernel: auto (cuDNN's fused kernel where it can run, else XLA) | xla | cudnn
+  # (raises where it cannot run: CPU, float32, a^V, attention dropout).
+  model.attention_implementation = "auto"
 
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()

@@ -13,6 +13,12 @@ The train state is a dict of pure pytrees, the layout checkpoints hold:
   rng          the model's RNG streams (nnx.RngState: dropout key and count)
   opt_state    optax state
   num_skipped  int32 []: updates skipped for a non-finite loss or gradient
+  loss_scale   only under model.dtype='float16': {"scale": float32 [], "good_steps": int32 []},
+               the dynamic loss scale (see `update_loss_scale`)
+
+Under `model.dtype` bfloat16 or float16 the parameters, optimizer state, logits and loss stay
+float32; float16's narrow range needs the loss scaled up before differentiation (gradients of
+small activations would flush to zero) and the gradients scaled back down.
 """
 import functools
 import json
@@ -115,6 +121,27 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, *,
   return jnp.sum(loss * weights), jnp.sum(weights)
 
 
+# Dynamic loss scaling (float16): start high, halve on an overflow (the update is skipped),
+# double after LOSS_SCALE_PERIOD updates without one, as in PyTorch's GradScaler and jmp.
+INITIAL_LOSS_SCALE = 2.0 ** 15
+LOSS_SCALE_PERIOD = 2000
+
+
+def initial_loss_scale() -> dict[str, jax.Array]:
+  return {"scale": jnp.asarray(INITIAL_LOSS_SCALE, jnp.float32),
+          "good_steps": jnp.zeros((), jnp.int32)}
+
+
+def update_loss_scale(loss_scale: dict[str, jax.Array],
+                      grads_finite: jax.Array) -> dict[str, jax.Array]:
+  """The loss scale after an update whose unscaled gradients were finite or not."""
+  good_steps = jnp.where(grads_finite, loss_scale["good_steps"] + 1, 0)
+  grow = good_steps >= LOSS_SCALE_PERIOD
+  scale = jnp.where(grads_finite, jnp.where(grow, loss_scale["scale"] * 2.0, loss_scale["scale"]),
+                    jnp.maximum(loss_scale["scale"] / 2.0, 1.0))
+  return {"scale": scale, "good_steps": jnp.where(grow, 0, good_steps)}
+
+
 # --- model and state ---------------------------------------------------------------------------
 
 
@@ -122,8 +149,11 @@ def init_train_state(model_config: model_lib.TransformerConfig,
                      optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
   """A fresh train state (see the module docstring for its layout) from an int seed."""
   _, params, rng = checkpoints.split_model(checkpoints.build_model(model_config, seed))
-  return {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
-          "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
+           "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+  if model_config.dtype == "float16":
+    state["loss_scale"] = initial_loss_scale()
+  return state
 
 
 def model_from_state(graphdef: nnx.GraphDef, state: TrainState) -> model_lib.Transformer:
@@ -154,16 +184,23 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
     label_smoothing: of the training loss.
 
   Returns:
-    The new state and float32 scalars loss (per target token), grad_norm and finite (1.0 when
-    the update was applied, 0.0 when skipped).
+    The new state and float32 scalars loss (per target token), grad_norm and finite (0.0 when
+    the loss or gradient was non-finite for a reason other than a float16 loss-scale overflow,
+    which only lowers the scale; the update is skipped either way).
   """
+  loss_scale = state["loss_scale"]["scale"] if "loss_scale" in state else None
+
   def loss_fn(params):
     model = nnx.merge(graphdef, params, state["rng"])
     logits = model(batch["inputs"], batch["targets"], deterministic=False, **_model_kwargs(batch))
     loss_sum, weight_sum = cross_entropy(logits, batch["targets"], label_smoothing=label_smoothing)
-    return loss_sum / weight_sum, nnx.to_pure_dict(nnx.state(model, nnx.RngState))
+    loss = loss_sum / weight_sum
+    scaled = loss if loss_scale is None else loss * loss_scale
+    return scaled, (loss, nnx.to_pure_dict(nnx.state(model, nnx.RngState)))
 
-  (loss, rng), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+  (_, (loss, rng)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+  if loss_scale is not None:
+    grads = jax.tree.map(lambda grad: grad / loss_scale, grads)
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
@@ -173,6 +210,9 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                "params": keep_if_finite(params, state["params"]),
                "opt_state": keep_if_finite(opt_state, state["opt_state"]),
                "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
+  if loss_scale is not None:
+    new_state["loss_scale"] = update_loss_scale(state["loss_scale"], jnp.isfinite(grad_norm))
+    finite = jnp.isfinite(loss)  # an overflow only lowers the scale
   return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
 
 

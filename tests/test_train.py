@@ -170,3 +170,44 @@ def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(ValueError, match=f"workdir {tmp_path}/file exists and is not a folder"):
     train.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "file"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_train_steps_stay_close_to_float32(dtype):
+  """Five updates on one batch: losses within 2% and parameters (float32 in both) within 0.01
+  of the float32 run; the optimizer state stays float32 (float16: under a loss scale)."""
+  config = tiny.get_config()
+  batch = _random_batch(np.random.default_rng(1), 8, 16, config.task.vocab_size)
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  runs = {}
+  for run_dtype in ("float32", dtype):
+    config.model.dtype = run_dtype
+    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+    state, losses = steps.init(0), []
+    for _ in range(5):
+      state, metrics = steps.train(state, steps.global_batch(batch))
+      losses.append(float(metrics["loss"]))
+    runs[run_dtype] = (losses, jax.device_get(state))
+  (losses_32, state_32), (losses_16, state_16) = runs["float32"], runs[dtype]
+  assert ("loss_scale" in state_16) == (dtype == "float16")
+  assert int(state_16["num_skipped"]) == 0
+  assert losses_32[-1] < losses_32[0]  # it learns
+  np.testing.assert_allclose(losses_16, losses_32, rtol=0.02)
+  assert {leaf.dtype for leaf in jax.tree.leaves(state_16["opt_state"])
+          if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=0.01),
+               state_16["params"], state_32["params"])
+
+
+def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
+  scale = train.initial_loss_scale()
+  halved = train.update_loss_scale(scale, jnp.array(False))
+  assert float(halved["scale"]) == train.INITIAL_LOSS_SCALE / 2 and int(halved["good_steps"]) == 0
+  almost = {"scale": halved["scale"], "good_steps": jnp.array(train.LOSS_SCALE_PERIOD - 2)}
+  kept = train.update_loss_scale(almost, jnp.array(True))
+  assert float(kept["scale"]) == float(halved["scale"])
+  doubled = train.update_loss_scale(kept, jnp.array(True))
+  assert float(doubled["scale"]) == train.INITIAL_LOSS_SCALE and int(doubled["good_steps"]) == 0
+  floor = train.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
+                                  jnp.array(False))
+  assert float(floor["scale"]) == 1.0
