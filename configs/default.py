@@ -76,6 +76,9 @@ def get_config() -> ml_collections.ConfigDict:
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()
   train.batch_size = 32  # global, sequences of task.max_length tokens
+  # Gradient accumulated over this many micro-batches of batch_size / N rows (a global batch
+  # larger than fits in memory); batch_size must divide by it times the device count.
+  train.grad_accumulation_steps = 1
   train.num_steps = 1000
   train.learning_rate = 0.002  # peak, reached after warmup_steps
   train.warmup_steps = 150
@@ -88,6 +91,9 @@ def get_config() -> ml_collections.ConfigDict:
   train.nonfinite = "raise"  # raise | skip
   train.log_every_steps = 50
   train.eval_every_steps = 500
+  # Stop after this many evaluations without a better validation BLEU (loss without BLEU);
+  # 0: train all num_steps.
+  train.early_stopping_patience = 0
   train.checkpoint_every_steps = 500
   train.keep_checkpoints = 2
   train.eval_batch_size = 64

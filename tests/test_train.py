@@ -211,3 +211,59 @@ def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
   floor = train.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
                                   jnp.array(False))
   assert float(floor["scale"]) == 1.0
+
+
+def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
+  """Two micro-batches give the update of the whole batch (dropout off: same randomness)."""
+  config = tiny.get_config()
+  config.model.dropout_rate = 0.0
+  batch = _random_batch(np.random.default_rng(2), 16, 16, config.task.vocab_size)
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  outputs = {}
+  for accumulation in (1, 2):
+    config.train.grad_accumulation_steps = accumulation
+    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+    state, metrics = steps.train(steps.init(0), steps.global_batch(batch))
+    outputs[accumulation] = jax.device_get((state["params"], metrics))
+  (params_1, metrics_1), (params_2, metrics_2) = outputs[1], outputs[2]
+  np.testing.assert_allclose(metrics_2["loss"], metrics_1["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics_2["grad_norm"], metrics_1["grad_norm"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               params_2, params_1)
+
+
+def test_micro_batches_keep_each_devices_rows():
+  rows = np.arange(8)[:, None] * np.ones((1, 3), np.int32)
+  split = np.asarray(train.micro_batches({"inputs": jnp.asarray(rows)}, 2)["inputs"])[..., 0]
+  np.testing.assert_array_equal(split, [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_accumulation_must_divide_the_batch(data_dir, tmp_path):
+  config = tiny_config(data_dir, grad_accumulation_steps=3)
+  with pytest.raises(ValueError, match=r"train\.batch_size=8 must be divisible by "
+                                       r"train\.grad_accumulation_steps=3"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_evaluations_since_best():
+  assert train.evaluations_since_best([]) == 0
+  assert train.evaluations_since_best([{"bleu": 1.0}, {"bleu": 3.0}, {"bleu": 2.0}]) == 1
+  assert train.evaluations_since_best([{"loss": 3.0}, {"loss": 2.0}, {"loss": 2.5},
+                                       {"loss": 2.1}]) == 2
+
+
+def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypatch):
+  losses = iter([3.0, 2.0, 2.5, 2.4, 1.0])
+  monkeypatch.setattr(train, "_validate", lambda *args: {"loss": next(losses)})
+  config = tiny_config(data_dir, num_steps=10, eval_every_steps=2, checkpoint_every_steps=2,
+                       early_stopping_patience=2)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["early_stopped"] and result["step"] == 8
+  assert checkpoints.make_manager(str(tmp_path), read_only=True).latest_step() == 8
+
+
+def test_config_written_before_the_new_train_fields_still_validates():
+  config = tiny.get_config()
+  del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
+  config_validation.validate(config)
+  assert (config.train.grad_accumulation_steps, config.train.early_stopping_patience) == (1, 0)
