@@ -160,8 +160,12 @@ class Log:
     self.path = path
     self._file = open(path, "wb")  # pylint: disable=consider-using-with
     self._start = time.monotonic()
+    self._line_open = False  # the last bytes written end inside a line (a progress bar)
 
   def write(self, data: bytes) -> None:
+    if not data:
+      return
+    self._line_open = not data.endswith(b"\n")
     self._file.write(data)
     self._file.flush()
     sys.stdout.buffer.write(data)
@@ -169,7 +173,8 @@ class Log:
 
   def say(self, text: str) -> None:
     """One line of this program's own, with the seconds since the log was opened."""
-    self.write(f"gpu_job [{time.monotonic() - self._start:.0f} s]: {text}\n".encode())
+    start = "\n" if self._line_open else ""
+    self.write(f"{start}gpu_job [{time.monotonic() - self._start:.0f} s]: {text}\n".encode())
 
   def close(self) -> None:
     self._file.close()
