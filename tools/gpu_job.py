@@ -24,8 +24,8 @@ over its own flags: `--parallel=2`, `--seeds=3`, `--rows=abs,rel_kv`,
 `--set=train.num_steps=5000`, or pytest's `-n 8 -x`.
 
 A table continues across jobs: its output folder is `bundle/results/<JOB>`; unpack the returned
-archive there before the next job (`tar -xzf results.tar.gz -C bundle/results`, then carry
-`bundle` again) and the finished runs are skipped. An unfinished run's checkpoints are too large
+archive there before the next job (`mkdir -p bundle/results && tar -xzf results.tar.gz -C
+bundle/results`, then carry `bundle` again) and the finished runs are skipped. An unfinished run's checkpoints are too large
 to come back, so it starts again from step 0 in the next job: give each run a budget
 (`--set=train.num_steps=...`) that finishes inside one job.
 
