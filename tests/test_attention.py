@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.extend import core as jax_core
 
 from relpos import attention
 from relpos import positions
@@ -283,7 +284,7 @@ def test_no_query_key_depth_tensor_is_built():
   def collect(jaxpr):
     for eqn in jaxpr.eqns:
       shapes.extend(tuple(v.aval.shape) for v in eqn.outvars)
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in jax_core.jaxprs_in_params(eqn.params):
         collect(sub)
 
   collect(jaxpr.jaxpr)
