@@ -29,7 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
   task = config.task
   task.vocab_size = 10000  # joint vocabulary of 10k (Wu et al. 2021: 10k joint BPE merges)
   task.spm_model_type = "bpe"  # BPE as in that recipe (SentencePiece's BPE, trained on train)
-  task.max_length = 64  # longer training pairs are filtered (the count is logged)
+  # With this tokenizer the longest training sentence has 51 tokens (source mean 15.0, target
+  # 15.4; measured on the 29,000 pairs), so nothing is filtered.
+  task.max_length = 64
 
   model = config.model
   # Transformer-Tiny (Wu et al. 2021): small models do best on 29k sentence pairs.
@@ -50,7 +52,8 @@ def get_config() -> ml_collections.ConfigDict:
   model.attention_implementation = "auto"  # cuDNN where it can run (not under a^V), else XLA
 
   train = config.train
-  # About 4,096 tokens a batch (fairseq --max-tokens 4096): 64 packed rows of 64 tokens.
+  # About 4,096 tokens a batch (fairseq --max-tokens 4096): 64 packed rows of 64 tokens, so an
+  # epoch (445,311 target tokens) is at least 109 updates.
   train.batch_size = 64
   train.learning_rate = 0.005  # Wu et al. 2021 (fairseq --lr 0.005, inverse_sqrt)
   train.warmup_steps = 2000  # Wu et al. 2021 (--warmup-updates 2000)
@@ -59,8 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
   train.label_smoothing = 0.1  # Vaswani et al. 2017, and the recipe above
   train.weight_decay = 0.0
   train.grad_clip_norm = 0.0
-  # The recipe above trains until validation BLEU stops improving for 10 epochs; a fixed
-  # budget here, the same for every row, with the best checkpoint by validation BLEU scored.
+  # The recipe above trains until validation BLEU stops improving for 10 epochs; here a fixed
+  # budget of at most 74 epochs, the same for every row, the best checkpoint by validation BLEU
+  # scored (train.early_stopping_patience can end a run sooner).
   train.num_steps = 8000
   train.eval_every_steps = 500
   train.checkpoint_every_steps = 500

@@ -116,3 +116,9 @@ def test_job_flags_and_the_arguments_passed_on(tmp_path):
   assert job.table_dir == "/results/multi30k_k_sweep"
   with pytest.raises(ValueError, match="unknown job 'wmt14_ablation'"):
     gpu_job.job_spec("wmt14_ablation", "/results")
+
+
+def test_the_gpu_recipe_jobs_run_its_task():
+  job = gpu_job.job_spec("multi30k_gpu_ablation", "/results")
+  assert "--task=multi30k_gpu" in job.args and "--table=ablation" in job.args
+  assert job.table_dir == "/results/multi30k_gpu_ablation"

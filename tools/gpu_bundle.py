@@ -67,7 +67,7 @@ def prepare_data(directory: str, multi30k_dir: str) -> None:
   for task in gpu_job.TASKS:
     config = ablation.BASES[task]()
     config.task.tfds_data_dir = directory
-    if task == "multi30k":
+    if config.task.name == "multi30k":
       config.task.manual_dir = multi30k_dir
     pipeline.get_task(config.task)
 

@@ -19,7 +19,7 @@ the standard library alone, so it runs before the wheels are in. It
 
 JOB is `tests` (the test suite, on CPU as conftest.py sets), `benchmarks` (results.json and
 results.md of benchmarks/, the CPU section kept beside the new one) or `<task>_<table>`
-(`python -m relpos.experiments.run`, 1 seed). ARGS go to the end of the job's command and win
+(`python -m relpos.experiments.run`, 1 seed; `multi30k_gpu_ablation` is the Multi30K GPU recipe). ARGS go to the end of the job's command and win
 over its own flags: `--parallel=2`, `--seeds=3`, `--rows=abs,rel_kv`,
 `--set=train.num_steps=5000`, or pytest's `-n 8 -x`.
 
@@ -69,7 +69,7 @@ STOP_GRACE_S = 60.0  # after SIGTERM: the step in flight, a checkpoint, the tabl
 PACK_RESERVE_S = 30.0  # rebuilding a stopped table's outputs, packing
 LOG_NAME, SUMMARY_NAME, ARCHIVE_NAME = "job.log", "job.json", "results.tar.gz"
 
-TASKS = ("synthetic", "multi30k")
+TASKS = ("synthetic", "multi30k", "multi30k_gpu")  # bases of configs/ablation.py
 TABLES = ("ablation", "k_sweep")
 JOB_NAMES = ("tests", "benchmarks") + tuple(f"{task}_{table}" for task in TASKS
                                             for table in TABLES)
@@ -88,7 +88,7 @@ _DRY_RUN_TASK_SETTINGS = {  # multi30k keeps its data and tokenizer (bundle/data
     "synthetic": ("task.vocab_size=64", "task.synthetic.num_train=200",
                   "task.synthetic.num_validation=8", "task.synthetic.num_test=8",
                   "task.synthetic.num_test_long=8"),
-    "multi30k": ()}
+    "multi30k": (), "multi30k_gpu": ()}
 _DRY_RUN_ROW = {"ablation": "abs", "k_sweep": "k=2"}
 
 # Run in a child with the job's environment: fails if relpos cannot import; prints a JSON line.
@@ -141,9 +141,10 @@ def job_spec(name: str, results_root: str) -> Job:
                files=tuple(os.path.join(output_dir, f) for f in ("results.json", "results.md")),
                starts_with={os.path.join(output_dir, "results.json"):
                             os.path.join(ROOT, "benchmarks", "results.json")})
-  task, _, table = name.partition("_")
-  if task not in TASKS or table not in TABLES:
+  if name not in JOB_NAMES:
     raise ValueError(f"unknown job {name!r}; allowed: {', '.join(JOB_NAMES)}.")
+  task, table = next((name[:-len(table) - 1], table) for table in TABLES
+                     if name.endswith(f"_{table}"))
   args = ("-m", "relpos.experiments.run", f"--table={table}", f"--task={task}", "--seeds=1",
           f"--output_dir={output_dir}")
   dry_run = (f"--rows={_DRY_RUN_ROW[table]}",) + tuple(
