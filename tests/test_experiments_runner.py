@@ -1,12 +1,38 @@
-"""Tests for relpos.experiments.runner: a tiny two-row table, resume, outputs."""
+"""Tests for relpos.experiments.runner: a tiny two-row table, resume, outputs, and the same
+table with its runs as child processes (--parallel)."""
 
+import contextlib
+import io
 import json
 import os
+import re
+import signal
+import sys
+import threading
+import time
 
+import jax
 import pytest
 
-from relpos.experiments import run as run_cli
 from relpos.experiments import runner
+
+# A child run killed outright (SIGKILL) after training, its last checkpoint saved, before its
+# evaluation and result.
+KILLED_BEFORE_RESULT = """
+import os, runpy, signal, sys
+from relpos.experiments import runner
+runner.evaluate_best = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
+sys.argv = ["run_one", *sys.argv[1:]]
+runpy.run_module("relpos.experiments.run_one", run_name="__main__")
+"""
+# A stand-in child: prints its memory share, then waits for SIGTERM and exits as a run saving
+# its checkpoint does.
+WAITS_FOR_SIGTERM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))
+print("ready", os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"], flush=True)
+time.sleep(120)
+"""
 
 
 def _tiny_overrides(data_dir: str) -> dict[str, object]:
@@ -26,7 +52,25 @@ def _tiny_overrides(data_dir: str) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def finished_table(tmp_path_factory):
+def compilation_cache(tmp_path_factory):
+  """JAX's persistent compilation cache, for this process and the child runs: a child then
+  loads the programs this process compiled for the same run instead of compiling them again
+  (the same programs: same results)."""
+  path = str(tmp_path_factory.mktemp("jax_cache"))
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("JAX_COMPILATION_CACHE_DIR", path)
+    patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    yield
+  jax.config.update("jax_compilation_cache_dir", before[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+@pytest.fixture(scope="module")
+def finished_table(tmp_path_factory, compilation_cache):
   root = tmp_path_factory.mktemp("table")
   output_dir = str(root / "out")
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
@@ -97,8 +141,114 @@ def test_length_buckets_cover_every_sentence():
 
 
 def test_parse_override():
-  assert run_cli.parse_override("train.num_steps=100") == ("train.num_steps", 100)
-  assert run_cli.parse_override("task.name=multi30k") == ("task.name", "multi30k")
-  assert run_cli.parse_override("model.relative_key=False") == ("model.relative_key", False)
+  assert runner.parse_override("train.num_steps=100") == ("train.num_steps", 100)
+  assert runner.parse_override("task.name=multi30k") == ("task.name", "multi30k")
+  assert runner.parse_override("model.relative_key=False") == ("model.relative_key", False)
   with pytest.raises(ValueError, match="dotted.field=value"):
-    run_cli.parse_override("train.num_steps")
+    runner.parse_override("train.num_steps")
+  for field, value in (("a.b", 0.1), ("a.b", "x y"), ("a.b", (1, 2)), ("a.b", "3")):
+    assert runner.parse_override(runner.format_override(field, value)) == (field, value)
+
+
+def _results(output_dir: str) -> list[dict]:
+  """The runs of results.json without what differs between two executions of the same run."""
+  with open(os.path.join(output_dir, "results.json")) as f:
+    runs = json.load(f)["runs"]
+  varying = ("wall_time_s", "steps_per_second", "commit", "workdir")
+  return [{k: v for k, v in run.items() if k not in varying} for run in runs]
+
+
+@pytest.fixture(scope="module")
+def parallel_table(finished_table):
+  """The finished table's two runs again with parallel=2, rel_kv's child killed after training.
+
+  Returns:
+    (output dir, run_table's outputs, what it printed).
+  """
+  root, _, _ = finished_table
+  output_dir = str(root / "parallel")
+  command = runner.child_command
+
+  def killing_rel_kv(run, task, overrides):
+    args = command(run, task, overrides)
+    return [args[0], "-c", KILLED_BEFORE_RESULT, *args[3:]] if run.row == "rel_kv" else args
+
+  with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as out:
+    patch.setattr(runner, "child_command", killing_rel_kv)
+    outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                               rows=["abs", "rel_kv"], parallel=2,
+                               overrides=_tiny_overrides(str(root / "tfds")))
+  return output_dir, outputs, out.getvalue()
+
+
+def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(finished_table,
+                                                                          parallel_table):
+  _, in_process_dir, _ = finished_table
+  output_dir, outputs, printed = parallel_table
+  rel_kv_log = os.path.join(output_dir, "runs", "ablation-rel_kv-seed0", "run.log")
+  assert outputs["failed"] == [rel_kv_log] and not outputs["preempted"]
+  assert re.search(r"run [12] of 2 failed: ablation-rel_kv-seed0 \(killed by SIGKILL\); "
+                   r"log: " + re.escape(rel_kv_log), printed)
+  assert re.search(r"run [12] of 2 finished: ablation-abs-seed0 \(test BLEU", printed)
+  assert _results(output_dir) == _results(in_process_dir)[:1]  # abs: the same numbers
+  abs_log = open(os.path.join(output_dir, "runs", "ablation-abs-seed0", "run.log")).read()
+  assert "relpos.experiments.run_one --table=ablation --row=abs --seed=0" in abs_log
+
+
+def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, parallel_table):
+  root, in_process_dir, _ = finished_table
+  output_dir, _, _ = parallel_table
+  abs_dir = os.path.join(output_dir, "runs", "ablation-abs-seed0")
+  abs_log = open(os.path.join(abs_dir, "run.log")).read()
+  abs_written = os.path.getmtime(os.path.join(abs_dir, "result.json"))
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs", "rel_kv"], parallel=2,
+                             overrides=_tiny_overrides(str(root / "tfds")))
+  assert outputs["failed"] == [] and not outputs["preempted"]
+  assert open(os.path.join(abs_dir, "run.log")).read() == abs_log  # not started again
+  assert os.path.getmtime(os.path.join(abs_dir, "result.json")) == abs_written
+  rel_kv_log = open(os.path.join(output_dir, "runs", "ablation-rel_kv-seed0", "run.log")).read()
+  assert "Resuming from step 4" in rel_kv_log
+  assert _results(output_dir) == _results(in_process_dir)
+
+
+def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, monkeypatch,
+                                                                       capsys):
+  output_dir, data_dir = str(tmp_path / "out"), str(tmp_path / "tfds")
+
+  def stand_in(run, task, overrides):
+    if run.row == "none":
+      return [sys.executable, "-c", "import sys; sys.exit('none failed')"]
+    return [sys.executable, "-c", WAITS_FOR_SIGTERM]
+
+  def logs(rows):
+    return [os.path.join(output_dir, "runs", f"ablation-{row}-seed0", "run.log") for row in rows]
+
+  def terminate_when_ready():
+    for _ in range(600):
+      if all(os.path.exists(p) and "ready" in open(p).read() for p in logs(["abs", "rel_kv"])):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.1)
+
+  monkeypatch.setattr(runner, "child_command", stand_in)
+  handler = signal.getsignal(signal.SIGTERM)
+  threading.Thread(target=terminate_when_ready, daemon=True).start()
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["none", "abs", "rel_kv"], parallel=2,
+                             overrides=_tiny_overrides(data_dir))
+  printed = capsys.readouterr().out
+  assert outputs["preempted"] and outputs["failed"] == logs(["none"])
+  assert "run 1 of 3 failed: ablation-none-seed0 (exit status 1); log: " in printed
+  assert "none failed" in open(logs(["none"])[0]).read()
+  # two at once: rel_kv started only when none had ended
+  assert printed.index("failed: ablation-none") < printed.index("started ablation-rel_kv")
+  for log in logs(["abs", "rel_kv"]):
+    assert "ready 0.450" in open(log).read() and "saved" in open(log).read()
+  assert "stopping ablation-abs-seed0, ablation-rel_kv-seed0" in printed
+  assert signal.getsignal(signal.SIGTERM) is handler
+  with open(os.path.join(output_dir, "results.json")) as f:
+    assert json.load(f)["runs"] == []
+  # the children were stand-ins: the parent prepared the dataset and the tokenizer
+  assert os.listdir(os.path.join(data_dir, "synthetic_translation"))
+  assert os.listdir(os.path.join(data_dir, "relpos_tokenizers"))

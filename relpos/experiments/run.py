@@ -7,11 +7,15 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
   # a reduced budget on every run:
   python -m relpos.experiments.run --table=ablation --rows=abs,rel_kv,none --task=multi30k \
       --set=train.num_steps=2000 --output_dir=runs/ablation_multi30k
+  # four runs at once on one accelerator, each a process with a quarter of 90% of its memory:
+  python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 --parallel=4 \
+      --output_dir=runs/k_sweep_synthetic
 
-Rerunning the same command skips finished runs and resumes an interrupted one.
+Rerunning the same command skips finished runs and resumes an interrupted one. The exit status
+is 1 when a run failed (its log is named).
 """
 
-import ast
+import sys
 from collections.abc import Sequence
 
 from absl import app
@@ -27,25 +31,27 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory.", requi
 _ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all).")
 _SET = flags.DEFINE_multi_string(
     "set", [], "Config override for every run, `dotted.field=value` (Python literal).")
-
-
-def parse_override(text: str) -> tuple[str, object]:
-  """`"train.num_steps=100"` -> ("train.num_steps", 100); non-literals stay strings."""
-  if "=" not in text:
-    raise ValueError(f"--set {text!r}: expected dotted.field=value.")
-  field, value = text.split("=", 1)
-  try:
-    return field, ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return field, value
+_PARALLEL = flags.DEFINE_integer(
+    "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
+    f"starts each as a child process with {runner.MEMORY_FRACTION}/N of the accelerator memory.",
+    lower_bound=1)
 
 
 def main(argv: Sequence[str]) -> None:
-  outputs = cli.run(argv, lambda: runner.run_table(
-      _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
-      rows=_ROWS.value, overrides=dict(parse_override(s) for s in _SET.value)))
+  try:
+    outputs = cli.run(argv, lambda: runner.run_table(
+        _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
+        rows=_ROWS.value, overrides=dict(runner.parse_override(s) for s in _SET.value),
+        parallel=_PARALLEL.value))
+  except KeyboardInterrupt:
+    sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])
   print("Wrote", outputs["results"], "and", ", ".join(outputs["plots"]))
+  if outputs["preempted"]:
+    print("relpos: stopped; rerun the same command to resume.")
+  if outputs["failed"]:
+    sys.exit(f"error: {len(outputs['failed'])} run(s) failed; their logs: "
+             f"{', '.join(outputs['failed'])}")
 
 
 if __name__ == "__main__":

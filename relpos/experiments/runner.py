@@ -4,20 +4,36 @@ Layout of `output_dir`:
 
   runs/<table>-<row>-seed<seed>/          the run's workdir (config.json, checkpoints, metrics)
   runs/<table>-<row>-seed<seed>/result.json   written last: its presence marks the run finished
-  results.json   every finished run (rebuilt from the result.json files)
+  runs/<table>-<row>-seed<seed>/run.log   the stdout and stderr of its process (--parallel > 1)
+  results.json   every finished run (rebuilt from the result.json files after each run)
   table.md       made from results.json alone (`relpos.experiments.report`)
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
 
 A run whose `result.json` exists is skipped, so an interrupted sweep resumes where it stopped
-(and a run killed mid-training resumes from its own latest checkpoint).
+(and a run killed mid-training resumes from its own latest checkpoint). Every file is written
+to a temporary name and renamed, so a kill at any point loses only the work in flight.
+
+With `parallel` = 1 the runs train one after another in this process. With `parallel` = N > 1
+each run is a child process (`python -m relpos.experiments.run_one`), up to N at a time, each
+given 0.9 / N of the accelerator's memory; the data and tokenizer are prepared here first, so
+the children only read them. SIGINT or SIGTERM stops the children (they save a checkpoint) and
+returns; a second one kills them.
 """
 
+import ast
+import contextlib
+import dataclasses
+import fcntl
 import json
 import math
 import os
+import shlex
+import signal
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -45,19 +61,42 @@ EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flick
                "wmt14": ("test",)}
 NUM_LENGTH_BUCKETS = 4
 ANALYSIS_SENTENCES = 128
+# The source tree's root (where `relpos` and `configs` are imported from).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULT_FILE = "result.json"
+LOG_FILE = "run.log"
+LOCK_FILE = "run.lock"
+# The share of the accelerator's memory the children of `run_table(parallel=N)` split evenly.
+MEMORY_FRACTION = 0.9
+POLL_SECONDS = 0.5
 
 
 def commit() -> str:
   """The source tree's short commit, with `-dirty` when it has uncommitted changes."""
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                            check=True, capture_output=True, text=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
   return head + ("-dirty" if dirty else "")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """`"train.num_steps=100"` -> ("train.num_steps", 100); non-literals stay strings."""
+  if "=" not in text:
+    raise ValueError(f"--set {text!r}: expected dotted.field=value.")
+  field, value = text.split("=", 1)
+  try:
+    return field, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return field, value
+
+
+def format_override(field: str, value: Any) -> str:
+  """The `--set` text that `parse_override` reads back as (field, value)."""
+  return f"{field}={value!r}"
 
 
 def run_config(row: str, seed: int, task: str,
@@ -145,29 +184,83 @@ def evaluate_best(workdir: str) -> tuple[dict, dict, dict, int]:
   return scores, by_length, analysis.position_statistics(model, inputs), num_params
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One (row, seed) of a table and its workdir."""
+  table: str
+  row: str
+  seed: int
+  workdir: str
+
+  @property
+  def name(self) -> str:
+    return os.path.basename(self.workdir)
+
+  @property
+  def log(self) -> str:
+    """The file its child process writes its stdout and stderr to."""
+    return os.path.join(self.workdir, LOG_FILE)
+
+  @property
+  def result(self) -> str:
+    """Its result file, written last (atomically): present when the run is finished."""
+    return os.path.join(self.workdir, RESULT_FILE)
+
+
+def table_runs(table: str, rows: Sequence[str], seeds: Sequence[int],
+               output_dir: str) -> list[Run]:
+  """Every (row, seed) of a table, row by row, with its workdir under `output_dir/runs`."""
+  runs_dir = os.path.join(os.path.abspath(output_dir), "runs")
+  return [Run(table, row, seed,
+              os.path.join(runs_dir, f"{table}-{row.replace('=', '')}-seed{seed}"))
+          for row in rows for seed in seeds]
+
+
+@contextlib.contextmanager
+def _workdir_lock(workdir: str) -> Iterator[None]:
+  """Holds `workdir/run.lock` (making the workdir), waiting while another process holds it:
+  e.g. a run of a stopped table still saving its checkpoint when the table is restarted."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, LOCK_FILE), "w", encoding="utf-8") as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.warning("Waiting for the other process running in %s to exit.", workdir)
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
 def run_one(table: str, row: str, seed: int, task: str, workdir: str,
             overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
   """Trains and evaluates one run; returns (and writes) its result record.
+
+  One process at a time runs in a workdir (`_workdir_lock`).
 
   Returns None, writing nothing, when training was preempted (SIGTERM) after its checkpoint.
   """
   config = run_config(row, seed, task, overrides)
   source_commit = commit()  # the code the run starts with
-  start = time.time()
-  summary = train.train_and_evaluate(config, workdir)
-  if summary["preempted"]:
-    return None
-  scores, by_length, statistics, num_params = evaluate_best(workdir)
-  result = {
-      "table": table, "row": row, "seed": seed, "task": task,
-      "k": config.model.max_relative_position if table == "k_sweep" else None,
-      "commit": source_commit, "wall_time_s": time.time() - start,
-      "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
-      "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
-      "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
-  }
-  _write_json(os.path.join(workdir, "result.json"), result)
+  with _workdir_lock(workdir):
+    start = time.time()
+    summary = train.train_and_evaluate(config, workdir)
+    if summary["preempted"]:
+      return None
+    scores, by_length, statistics, num_params = evaluate_best(workdir)
+    result = {
+        "table": table, "row": row, "seed": seed, "task": task,
+        "k": config.model.max_relative_position if table == "k_sweep" else None,
+        "commit": source_commit, "wall_time_s": time.time() - start,
+        "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
+        "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
+        "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
+    }
+    _write_json(os.path.join(workdir, RESULT_FILE), result)
   return result
+
+
+def _read_json(path: str) -> Any:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
 
 
 def collect(output_dir: str) -> list[dict[str, Any]]:
@@ -175,10 +268,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
   runs_dir = os.path.join(output_dir, "runs")
   runs = []
   for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
-    path = os.path.join(runs_dir, name, "result.json")
+    path = os.path.join(runs_dir, name, RESULT_FILE)
     if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        runs.append(json.load(f))
+      runs.append(_read_json(path))
   order = {(t, r): i for i, (t, r) in enumerate((t, r) for t in TABLES for r in TABLES[t])}
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
@@ -193,9 +285,153 @@ def write_outputs(output_dir: str) -> dict[str, Any]:
   return {"results": results_path, "table": table, "plots": made}
 
 
+def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | None) -> None:
+  """Builds (or opens) the TFDS dataset and the tokenizer of every run's task, once each."""
+  for run in runs:
+    pipeline.get_task(run_config(run.row, run.seed, task, overrides).task)
+
+
+def _print_finished(result: dict[str, Any], done: int, total: int) -> None:
+  """One line for a finished run: its first test split's BLEU and its wall time."""
+  split = EVAL_SPLITS[result["task"]][0]
+  print(f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
+        f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s)",
+        flush=True)
+
+
+def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
+                    output_dir: str) -> bool:
+  """Runs `runs` one after another in this process; returns whether one was preempted."""
+  for done, run in enumerate(runs, 1):
+    print(f"relpos: training and evaluating {run.workdir}", flush=True)
+    result = run_one(run.table, run.row, run.seed, task, run.workdir, overrides)
+    if result is None:
+      logging.warning("Preempted during %s: its checkpoint is saved; rerun the same command "
+                      "to resume.", run.workdir)
+      return True
+    _print_finished(result, done, len(runs))
+    write_outputs(output_dir)
+  return False
+
+
+def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list[str]:
+  """The command that trains and evaluates `run` in a process of its own."""
+  return [sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
+          f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
+          *(f"--set={format_override(k, v)}" for k, v in (overrides or {}).items())]
+
+
+def child_environment(parallel: int) -> dict[str, str]:
+  """This process's environment with relpos importable and XLA_PYTHON_CLIENT_MEM_FRACTION set
+  to MEMORY_FRACTION / parallel.
+
+  XLA still preallocates each child's share at its start, so the shares are fixed: a child
+  that needs more fails with an out-of-memory error naming itself instead of starving the
+  others (XLA_PYTHON_CLIENT_PREALLOCATE=false would let them grow into each other, and
+  fragment). On CPU the variable changes nothing.
+  """
+  env = dict(os.environ)
+  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{MEMORY_FRACTION / parallel:.3f}"
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+  return env
+
+
+def _start_child(run: Run, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+  """Starts `command` with its output appended to the run's log, in a session of its own (a
+  terminal's Ctrl-C reaches only the table, which stops the children so that they save)."""
+  os.makedirs(run.workdir, exist_ok=True)
+  with open(run.log, "a", encoding="utf-8") as log:
+    log.write(f"relpos: {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n")
+    log.flush()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
+  print(f"relpos: started {run.name} (log: {run.log})", flush=True)
+  return process
+
+
+def _failure(returncode: int) -> str:
+  """Why a child process that wrote no result ended."""
+  if returncode < 0:
+    return f"killed by {signal.Signals(-returncode).name}"
+  if returncode == 0:
+    return "stopped before finishing; its checkpoint is saved"
+  return f"exit status {returncode}"
+
+
+class _StopSignals:
+  """Counts SIGINT and SIGTERM, instead of their default actions, while active (in the main
+  thread; elsewhere they keep their handlers)."""
+
+  def __init__(self):
+    self.count = 0
+    self._previous = {}
+
+  def _receive(self, *_) -> None:
+    self.count += 1
+
+  def __enter__(self) -> "_StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {number: signal.signal(number, self._receive)
+                        for number in (signal.SIGINT, signal.SIGTERM)}
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for number, handler in self._previous.items():
+      signal.signal(number, handler)
+
+
+def _stop_children(running: dict[subprocess.Popen, Run], signals: _StopSignals) -> None:
+  """SIGTERM to every running child (each saves a checkpoint and exits), then waits for them;
+  one more SIGINT or SIGTERM meanwhile kills them."""
+  if not running:
+    return
+  print(f"relpos: stopping {', '.join(run.name for run in running.values())}; rerun the same "
+        "command to resume.", flush=True)
+  received = signals.count
+  for process in running:
+    process.terminate()
+  while any(process.poll() is None for process in running):
+    if signals.count > received:
+      for process in running:
+        process.kill()
+    time.sleep(POLL_SECONDS)
+
+
+def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
+                  output_dir: str, parallel: int) -> tuple[list[Run], bool]:
+  """Runs `runs` as child processes, up to `parallel` at once; results.json is rebuilt after
+  each finished one. A child that fails is reported with its log, and the others go on.
+
+  Returns:
+    (the runs whose process ended without a result, whether SIGINT or SIGTERM stopped them).
+  """
+  env = child_environment(parallel)
+  waiting, running, failed = list(runs), {}, []
+  with _StopSignals() as signals:
+    try:
+      while (waiting or running) and not signals.count:
+        while waiting and len(running) < parallel:
+          run = waiting.pop(0)
+          running[_start_child(run, child_command(run, task, overrides), env)] = run
+        time.sleep(POLL_SECONDS)
+        for process in [p for p in running if p.poll() is not None]:
+          run = running.pop(process)
+          done = len(runs) - len(waiting) - len(running)
+          if os.path.exists(run.result):
+            _print_finished(_read_json(run.result), done, len(runs))
+            write_outputs(output_dir)
+          else:
+            failed.append(run)
+            print(f"relpos: run {done} of {len(runs)} failed: {run.name} "
+                  f"({_failure(process.returncode)}); log: {run.log}", flush=True)
+    finally:
+      _stop_children(running, signals)
+  return failed, signals.count > 0
+
+
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
-              rows: Sequence[str] | None = None,
-              overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+              rows: Sequence[str] | None = None, overrides: dict[str, Any] | None = None,
+              parallel: int = 1) -> dict[str, Any]:
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
@@ -205,15 +441,20 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     output_dir: where runs, results.json, table.md and plots go (resumable).
     rows: a subset of the table's rows (default all).
     overrides: dotted config fields to set on every run, e.g. {"train.num_steps": 100}.
+    parallel: how many runs at once; above 1 each is a child process (module docstring).
 
   Returns:
-    write_outputs()'s paths and the table markdown.
+    write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
+    `parallel` > 1 SIGINT, stopped the table) and "failed" (the logs of the runs whose child
+    process ended without a result).
 
   Raises:
-    ValueError: for an unknown table or row.
+    ValueError: for an unknown table or row, an invalid override or `parallel` < 1.
   """
   if table not in TABLES:
     raise ValueError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}.")
+  if parallel < 1:
+    raise ValueError(f"parallel={parallel}: must be at least 1.")
   rows = list(rows or TABLES[table])
   for row in rows:
     if row not in TABLES[table]:
@@ -221,16 +462,18 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
                        f"{', '.join(TABLES[table])}.")
   for row in rows:  # every config valid before any work
     config_validation.validate(run_config(row, seeds[0], task, overrides))
-  for row in rows:
-    for seed in seeds:
-      workdir = os.path.join(output_dir, "runs", f"{table}-{row.replace('=', '')}-seed{seed}")
-      if os.path.exists(os.path.join(workdir, "result.json")):
-        print(f"relpos: {workdir} is finished; skipping it.", flush=True)
-        continue
-      print(f"relpos: training and evaluating {workdir}", flush=True)
-      if run_one(table, row, seed, task, workdir, overrides) is None:
-        logging.warning("Preempted during %s: its checkpoint is saved; rerun the same command "
-                        "to resume.", workdir)
-        return {**write_outputs(output_dir), "preempted": True}
-      write_outputs(output_dir)
-  return {**write_outputs(output_dir), "preempted": False}
+  pending = []
+  for run in table_runs(table, rows, seeds, output_dir):
+    if os.path.exists(run.result):
+      print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
+    else:
+      pending.append(run)
+  prepare_data(pending, task, overrides)  # once, before any run starts
+  if parallel == 1:
+    failed = []
+    preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir)
+  else:
+    failed, preempted = _run_children(pending, task=task, overrides=overrides,
+                                      output_dir=output_dir, parallel=parallel)
+  return {**write_outputs(output_dir), "preempted": preempted,
+          "failed": [run.log for run in failed]}

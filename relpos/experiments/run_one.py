@@ -1,0 +1,46 @@
+r"""Trains and evaluates one (row, seed) of a table in its workdir: the child process that
+`python -m relpos.experiments.run --parallel=N` starts for each run (`relpos.experiments.runner`).
+
+  python -m relpos.experiments.run_one --table=ablation --row=rel_kv --seed=0 --task=synthetic \
+      --workdir=runs/ablation/runs/ablation-rel_kv-seed0 --set=train.num_steps=100
+
+On SIGTERM it saves a checkpoint and exits with status 0 without a result; on Linux it gets
+SIGTERM when its parent exits, so a table killed outright does not leave its runs training.
+"""
+
+import ctypes
+import signal
+import sys
+from collections.abc import Sequence
+
+from absl import app
+from absl import flags
+
+from relpos import cli
+from relpos.experiments import runner
+
+_TABLE = flags.DEFINE_enum("table", None, list(runner.TABLES), "The run's table.", required=True)
+_ROW = flags.DEFINE_string("row", None, "The run's row of the table.", required=True)
+_SEED = flags.DEFINE_integer("seed", 0, "The run's seed.")
+_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.EVAL_SPLITS), "The run's task.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
+_SET = flags.DEFINE_multi_string(
+    "set", [], "Config override, `dotted.field=value` (Python literal).")
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+
+
+def exit_with_parent() -> None:
+  """On Linux, asks the kernel to send this process SIGTERM when its parent exits."""
+  if sys.platform.startswith("linux"):
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def main(argv: Sequence[str]) -> None:
+  exit_with_parent()
+  cli.run(argv, lambda: runner.run_one(
+      _TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
+      dict(runner.parse_override(s) for s in _SET.value)))
+
+
+if __name__ == "__main__":
+  app.run(main)
