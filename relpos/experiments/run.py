@@ -25,7 +25,7 @@ from relpos import cli
 from relpos.experiments import runner
 
 _TABLE = flags.DEFINE_enum("table", "ablation", list(runner.TABLES), "Which table to run.")
-_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.EVAL_SPLITS), "Which task.")
+_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "Which task.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Number of seeds per row (seeds 0..N-1).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory.", required=True)
 _ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all).")

@@ -22,7 +22,7 @@ from relpos.experiments import runner
 _TABLE = flags.DEFINE_enum("table", None, list(runner.TABLES), "The run's table.", required=True)
 _ROW = flags.DEFINE_string("row", None, "The run's row of the table.", required=True)
 _SEED = flags.DEFINE_integer("seed", 0, "The run's seed.")
-_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.EVAL_SPLITS), "The run's task.")
+_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "The run's task.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
 _SET = flags.DEFINE_multi_string(
     "set", [], "Config override, `dotted.field=value` (Python literal).")

@@ -57,6 +57,9 @@ TABLES: dict[str, tuple[str, ...]] = {
     "ablation": ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi"),
     "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
 }
+# The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
+TASKS = tuple(ablation.BASES)
+# Held-out splits scored per dataset (`config.task.name`).
 EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",),
                "wmt14": ("test",)}
 NUM_LENGTH_BUCKETS = 4
@@ -293,7 +296,7 @@ def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | Non
 
 def _print_finished(result: dict[str, Any], done: int, total: int) -> None:
   """One line for a finished run: its first test split's BLEU and its wall time."""
-  split = EVAL_SPLITS[result["task"]][0]
+  split = EVAL_SPLITS[result["config"]["task"]["name"]][0]
   print(f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
         f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s)",
         flush=True)
@@ -436,7 +439,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
 
   Args:
     table: a name of `TABLES`.
-    task: synthetic | multi30k | wmt14.
+    task: one of TASKS (a base of configs/ablation.py).
     seeds: the seeds to run each row with.
     output_dir: where runs, results.json, table.md and plots go (resumable).
     rows: a subset of the table's rows (default all).
