@@ -17,7 +17,8 @@ the standard library alone, so it runs before the wheels are in. It
    runs, returned files), the job's own result files and, for a table, `results.tar.gz` of its
    output folder: finished runs only, no checkpoints.
 
-JOB is `tests` (the test suite, on CPU as conftest.py sets), `benchmarks` (results.json and
+JOB is `tests` (the test suite, on CPU as conftest.py sets), `gpu_tests` (tests/test_gpu.py on
+the accelerator: cuDNN against XLA, bfloat16 training), `benchmarks` (results.json and
 results.md of benchmarks/, the CPU section kept beside the new one) or `<task>_<table>`
 (`python -m relpos.experiments.run`, 1 seed; `multi30k_gpu_ablation` is the Multi30K GPU recipe). ARGS go to the end of the job's command and win
 over its own flags: `--parallel=2`, `--seeds=3`, `--rows=abs,rel_kv`,
@@ -71,7 +72,7 @@ LOG_NAME, SUMMARY_NAME, ARCHIVE_NAME = "job.log", "job.json", "results.tar.gz"
 
 TASKS = ("synthetic", "multi30k", "multi30k_gpu")  # bases of configs/ablation.py
 TABLES = ("ablation", "k_sweep")
-JOB_NAMES = ("tests", "benchmarks") + tuple(f"{task}_{table}" for task in TASKS
+JOB_NAMES = ("tests", "gpu_tests", "benchmarks") + tuple(f"{task}_{table}" for task in TASKS
                                             for table in TABLES)
 VERSIONS_OF = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections",
                "grain", "tensorflow-datasets", "array_record", "sentencepiece", "sacrebleu",
@@ -118,12 +119,14 @@ class Job:
     files: files returned as they are, when they exist.
     table_dir: a table's output folder (returned as ARCHIVE_NAME), or None.
     starts_with: destination -> source: files copied into place before the run unless there.
+    env: environment variables of its command, over the job environment's.
   """
   args: tuple[str, ...]
   dry_run_args: tuple[str, ...]
   files: tuple[str, ...] = ()
   table_dir: str | None = None
   starts_with: dict[str, str] = dataclasses.field(default_factory=dict)
+  env: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def job_spec(name: str, results_root: str) -> Job:
@@ -134,6 +137,9 @@ def job_spec(name: str, results_root: str) -> Job:
   """
   if name == "tests":
     return Job(("-m", "pytest", "-q", "tests"), ("-m", "pytest", "-q", "tests/test_positions.py"))
+  if name == "gpu_tests":  # the accelerator tests, with JAX free to take the GPU (not conftest's CPU)
+    args = ("-m", "pytest", "-q", "-rs", "tests/test_gpu.py")
+    return Job(args, args, env={"JAX_PLATFORMS": ""})
   output_dir = os.path.join(results_root, name)
   if name == "benchmarks":
     args = ("-m", "benchmarks.run", f"--results_dir={output_dir}")
@@ -419,7 +425,7 @@ def main(argv: list[str]) -> int:
     log.say(f"running {' '.join(command)}")
     summary["command"] = command
     status, summary["stopped_at_budget"] = run_until(
-        command, env, start + args.budget_s - STOP_GRACE_S - PACK_RESERVE_S, log)
+        command, {**env, **job.env}, start + args.budget_s - STOP_GRACE_S - PACK_RESERVE_S, log)
     if job.table_dir and (status or summary["stopped_at_budget"]) and table_runs(
         job.table_dir)[0]:
       log.say("rebuilding results.json, table.md and the plots from the finished runs.")
