@@ -36,6 +36,14 @@ def results_path(tmp_path):
   return path
 
 
+def test_load_runs_reads_older_schemas_and_refuses_newer_ones(results_path, tmp_path):
+  assert len(report.load_runs(str(results_path))) == 11  # version 1: no schema_version field
+  newer = tmp_path / "newer.json"
+  newer.write_text(json.dumps({"schema_version": report.RESULTS_SCHEMA_VERSION + 1, "runs": []}))
+  with pytest.raises(ValueError, match=f"{newer}: schema_version=3 is newer"):
+    report.load_runs(str(newer))
+
+
 def test_mean_std():
   assert report.mean_std([1.0]) == (1.0, 0.0)
   mean, std = report.mean_std([1.0, 3.0])

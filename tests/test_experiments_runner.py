@@ -1,11 +1,15 @@
 """Tests for relpos.experiments.runner: a tiny two-row table, resume, outputs."""
 
+import datetime
 import json
 import os
 
+import flax
+import jax
 import pytest
 
 from relpos.experiments import run as run_cli
+from relpos.experiments import report
 from relpos.experiments import runner
 
 
@@ -39,7 +43,19 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   _, output_dir, outputs = finished_table
   assert not outputs["preempted"]
   with open(os.path.join(output_dir, "results.json")) as f:
-    runs = json.load(f)["runs"]
+    results = json.load(f)
+  runs = results["runs"]
+  written = datetime.datetime.fromisoformat(results["written_at"])
+  assert written.tzinfo == datetime.timezone.utc
+  assert datetime.timedelta(0) <= datetime.datetime.now(datetime.timezone.utc) - written < (
+      datetime.timedelta(hours=1))
+  environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
+                 "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
+  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 2
+  assert {k: results[k] for k in environment} == environment
+  for run in runs:
+    assert {k: run["environment"][k] for k in environment} == environment
+    assert datetime.datetime.fromisoformat(run["environment"]["finished_at"]) <= written
   assert [(r["table"], r["row"], r["seed"]) for r in runs] == [
       ("ablation", "abs", 0), ("ablation", "rel_kv", 0)]
   for run in runs:

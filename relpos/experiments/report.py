@@ -1,7 +1,14 @@
 """`table.md` from `results.json` alone: mean ± std over seeds, the paper beside it, findings.
 
-`results.json` holds {"runs": [run, ...]}, one run per (table, row, seed), as
-written by `relpos.experiments.runner`:
+`results.json` (schema version RESULTS_SCHEMA_VERSION, written by `relpos.experiments.runner`)
+holds
+
+    {"schema_version": 2, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
+     "jax_version": "...", "flax_version": "...", "device_kind": "cpu", "device_count": 1,
+     "runs": [run, ...]}
+
+with one run per (table, row, seed), each also holding the "environment" (versions, device,
+"finished_at") it was made in:
 
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
@@ -21,10 +28,23 @@ from relpos.experiments import paper
 MARGIN_BLEU = 1.0
 
 
+# 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs).
+RESULTS_SCHEMA_VERSION = 2
+
+
 def load_runs(results_path: str) -> list[dict]:
-  """Reads the runs of a `results.json` file."""
+  """Reads the runs of a `results.json` file of this or an earlier schema version.
+
+  Raises:
+    ValueError: the file has a newer schema version than this code reads.
+  """
   with open(results_path, encoding="utf-8") as f:
-    return json.load(f)["runs"]
+    results = json.load(f)
+  version = results.get("schema_version", 1)
+  if version > RESULTS_SCHEMA_VERSION:
+    raise ValueError(f"{results_path}: schema_version={version} is newer than this relpos "
+                     f"reads ({RESULTS_SCHEMA_VERSION}); update relpos.")
+  return results["runs"]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -12,6 +12,7 @@ A run whose `result.json` exists is skipped, so an interrupted sweep resumes whe
 (and a run killed mid-training resumes from its own latest checkpoint).
 """
 
+import datetime
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -104,6 +106,19 @@ def bleu_by_source_length(sources: Sequence[str], hypotheses: Sequence[str],
   return out
 
 
+def environment() -> dict[str, Any]:
+  """The software and devices results are made with: jax and flax versions, device kind
+  (e.g. "cpu", "NVIDIA H200") and count."""
+  devices = jax.devices()
+  return {"jax_version": jax.__version__, "flax_version": flax.__version__,
+          "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def _now() -> str:
+  """The current UTC time, ISO 8601 to the second."""
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
 def _write_json(path: str, data: Any) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
@@ -165,6 +180,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
       "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
       "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
       "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
+      "environment": {**environment(), "finished_at": _now()},
   }
   _write_json(os.path.join(workdir, "result.json"), result)
   return result
@@ -186,7 +202,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def write_outputs(output_dir: str) -> dict[str, Any]:
   """results.json from the finished runs, then table.md and the plots from it."""
   results_path = os.path.join(output_dir, "results.json")
-  _write_json(results_path, {"runs": collect(output_dir)})
+  _write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
+                             "written_at": _now(), **environment(),
+                             "runs": collect(output_dir)})
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)
