@@ -1,6 +1,7 @@
 """Tests for relpos.experiments.report and .plots: table.md and PNGs from results.json alone."""
 
 import json
+import math
 
 import pytest
 
@@ -61,18 +62,76 @@ def test_table_rebuilt_from_results_json_alone(results_path, tmp_path):
   assert "| rel_kv | 42.0 ± 1.4 | 40.0 ± 1.4 |" in text
 
 
-def test_findings_verdicts(results_path):
-  by_number = {f.split(" ")[0]: v for f, v, _ in report.findings(
+def test_welch_against_the_closed_form():
+  # Equal sizes and variances: df = 2 (n - 1) = 4, where P(|T| < t) = x (3 - x^2) / 2 with
+  # x = t / sqrt(t^2 + 4), and the 97.5% quantile is 2.776445.
+  c = report.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+  se = math.sqrt(1 / 3 + 1 / 3)
+  x = 3 / se / math.sqrt((3 / se) ** 2 + 4)
+  assert c.difference == -3.0
+  assert c.p == pytest.approx(1 - x * (3 - x * x) / 2, rel=1e-6)
+  assert (c.low, c.high) == pytest.approx((-3 - 2.776445 * se, -3 + 2.776445 * se), rel=1e-6)
+  assert report.welch([5.0, 5.0, 5.0], [5.0, 5.0, 5.0]).p == 1.0  # constant samples: exact
+  assert report.welch([6.0, 6.0, 6.0], [5.0, 5.0, 5.0]) == (1.0, 1.0, 1.0, 0.0)
+
+
+def test_judge_gap_and_match_predictions():
+  noisy_high, noisy_low = [97.0, 99.0, 101.0], [95.0, 97.0, 99.0]  # 2 BLEU apart, std 2
+  assert report.judge(noisy_high, noisy_low, gap=True, margin=1.0)[0] == "no"  # not significant
+  assert report.judge(noisy_low, noisy_high, gap=False, margin=1.0)[0] == "yes"  # within noise
+  tight_high, tight_low = [99.0, 99.1, 99.2], [96.0, 96.1, 96.2]
+  assert report.judge(tight_high, tight_low, gap=True, margin=1.0)[0] == "yes"
+  assert report.judge(tight_high, tight_low, gap=True, margin=4.0)[0] == "no"  # gap too small
+  verdict, statistics = report.judge(tight_low, tight_high, gap=False, margin=1.0)
+  assert verdict == "no" and statistics.startswith("-3.0 [-3.2, -2.8], p = ")
+  assert report.judge(tight_low[:2], tight_high, gap=False, margin=1.0) == (
+      "not enough seeds", "")
+
+
+def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
+  return [_run(table, row, seed, test, long, k=k, speed=speed)
+          for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))]
+
+
+def test_findings_verdicts_with_three_seeds():
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0])
+          + _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0],
+                    speeds=[9.5, 9.6, 9.7])
+          + _seeded("ablation", "none", [20.0, 21.0, 22.0])
+          + _seeded("ablation", "rel_k", [58.0, 61.0, 64.0])
+          + _seeded("ablation", "rel_v", [30.0, 31.0, 32.0])
+          + _seeded("k_sweep", "k=0", [20.0, 21.0, 22.0], k=0)
+          + _seeded("k_sweep", "k=1", [50.0, 51.0, 52.0], k=1)
+          + _seeded("k_sweep", "k=2", [58.0, 60.0, 62.0], k=2)
+          + _seeded("k_sweep", "k=4", [59.0, 61.0, 63.0], k=4)
+          + _seeded("k_sweep", "k=16", [57.0, 59.0, 61.0], k=16))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in report.findings(runs)}
+  assert {n: v for n, (v, _) in found.items()} == {
+      "1.": "yes",  # 61 vs 51
+      "2.": "yes",  # 61 vs none 21
+      "2b.": "yes",  # within the sweep: k=1 (51, the lowest k >= 1) vs k=0 (21)
+      "3.": "yes",  # 59-61 with std 2: within noise
+      "4a.": "yes",  # rel_k 61 ± 3 vs 61 ± 1
+      "4b.": "no",  # rel_v 31: less than half way from 21 to 61
+      "5.": "yes",  # 4% drop
+      "6.": "yes",  # test_long 41 vs 11
+  }
+  assert found["2b."][1].startswith("lowest k >= 1, k=1 51.0 ± 1.0, vs k=0 21.0 ± 1.0: +30.0")
+  assert found["3."][1].startswith("3 values of k; lowest k=16 59.0 ± 2.0 vs highest k=4 "
+                                   "61.0 ± 2.0: -2.0 [")
+  # A significant step between two values of k is not flat; one value of k gives no verdict.
+  steep = [r for r in runs if r["row"] != "k=16"] + _seeded("k_sweep", "k=16", [40.0, 40.5, 41.0],
+                                                            k=16)
+  assert dict((f.split(" ")[0], v) for f, v, _ in report.findings(steep))["3."] == "no"
+  single = [r for r in runs if r["row"] not in ("k=4", "k=16")]
+  assert dict((f.split(" ")[0], v) for f, v, _ in report.findings(single))["3."] == "not run"
+
+
+def test_findings_need_three_seeds(results_path):
+  found = {f.split(" ")[0]: (v, e) for f, v, e in report.findings(
       report.load_runs(str(results_path)))}
-  assert len(by_number) == 8
-  assert by_number["1."] == "yes"  # 61 vs 51
-  assert by_number["2."] == "yes"  # none 20 vs 61
-  assert by_number["2b."] == "yes"  # k=0 20 vs 61
-  assert by_number["3."] == "yes"  # k=2,4 both 60
-  assert by_number["4a."] == "yes"  # rel_k 61 vs 61
-  assert by_number["4b."] == "no"  # rel_v 30: less than half way from 20 to 61
-  assert by_number["5."] == "yes"  # 4% drop
-  assert by_number["6."] == "yes"  # 41 vs 11
+  assert found["1."] == ("not enough seeds", "rel_kv 61.0 ± 1.4 vs abs 51.0 ± 1.4")
+  assert {v for v, _ in found.values()} == {"not enough seeds"}
 
 
 def test_findings_not_run_when_rows_missing():
@@ -109,6 +168,6 @@ def test_table_of_a_task_with_its_own_test_split(tmp_path):
   assert "sacreBLEU signature: `case:mixed|tok:13a`" in text
   assert "| rel_kv | 32.0 | 30.0 |" in text  # per-length buckets of the task's test split
   verdicts = {f.split(" ")[0]: v for f, v, _ in report.findings(runs)}
-  assert verdicts["1."] == "yes" and verdicts["2."] == "yes"
+  assert verdicts["1."] == verdicts["2."] == "not enough seeds"
   assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
       "bleu_vs_length.png"]
