@@ -2,9 +2,12 @@
 
 import json
 import math
+import os
 
+import numpy as np
 import pytest
 
+from relpos.experiments import analysis
 from relpos.experiments import plots
 from relpos.experiments import report
 
@@ -146,6 +149,110 @@ def test_plots_are_written(results_path, tmp_path):
   for p in paths:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  """Figure name -> the matplotlib figure a plot function made (not written)."""
+  made = {}
+
+  def keep(fig, path):
+    made[os.path.basename(path)] = fig
+    return path
+
+  monkeypatch.setattr(plots, "save", keep)
+  return made
+
+
+def test_bleu_vs_k_titles_and_ticks(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  ax = figures["bleu_vs_k.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, k_sweep table, 1 seed per row (0)")
+  # Every k of the grid, though the runs hold 0-4 only; no minor ticks between them.
+  assert list(ax.get_xticks()) == [0, 1, 2, 4, 16, 64, 256]
+  assert not ax.xaxis.get_minorticklocs().size
+
+
+def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  fig = figures["bleu_vs_length.png"]
+  assert fig._suptitle.get_text().endswith(  # pylint: disable=protected-access
+      "synthetic, ablation table, 1-2 seeds per row (0, 1); other rows in grey")
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "none", "rel_k", "rel_v"]
+  bars = panels[0].containers[0]  # abs: test 50 and 52, test_long 10 and 12
+  np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, 12.0, 10.0])
+  half_widths = [(segment[1][1] - segment[0][1]) / 2
+                 for segment in bars.lines[2][0].get_segments()]
+  np.testing.assert_allclose(half_widths, [2 ** 0.5] * 4)
+  for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
+
+
+def test_single_length_buckets_are_labelled_by_their_length():
+  assert report.bucket_label("12-12") == report.bucket_label("12") == "12"
+  assert report.bucket_label("3-5") == "3-5"
+  runs = [_run("ablation", "abs", 0, 50.0, 10.0)]
+  runs[0]["bleu_by_source_length"]["test"] = {"3-11": 60.0, "12-12": 40.0}
+  assert "| row | 3-11 | 12 |" in report.render_table(runs)
+
+
+def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
+  runs = [_run("ablation", "abs", seed, 50.0, 10.0) for seed in range(3)]
+  runs.append(_run("ablation", "rel_kv", 0, 60.0, 10.0))
+  for run, curve in zip(runs, ([[500, 30.0], [1000, 80.0]], [[500, 32.0], [1000, 84.0]],
+                               [[500, 34.0], [1000, 82.0]], [[500, 40.0], [1000, 90.0]])):
+    run["validation_curve"] = curve
+  assert plots.plot_bleu_vs_step(runs, "bleu_vs_step.png") == "bleu_vs_step.png"
+  ax = figures["bleu_vs_step.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, ablation table, 1-3 seeds per row (0, 1, 2)")
+  abs_line, rel_line = ax.get_lines()
+  assert (abs_line.get_label(), rel_line.get_label()) == ("abs", "rel_kv")
+  np.testing.assert_allclose(abs_line.get_xydata(), [[500, 32.0], [1000, 82.0]])
+  band = ax.collections[0].get_paths()[0].vertices  # abs: mean ± std (2) at each step
+  for step, low, high in ((500, 30.0, 34.0), (1000, 80.0, 84.0)):
+    np.testing.assert_allclose(sorted(set(band[band[:, 0] == step, 1])), [low, high])
+  assert plots.plot_bleu_vs_step([_run("ablation", "abs", 0, 50.0, 10.0)], "x.png") is None
+
+
+def _learned_run(row, statistics, *, max_length=6):
+  run = _run("ablation", row, 0, 50.0, 10.0)
+  run["config"] = {"task": {"max_length": max_length},
+                   "model": {"t5_num_buckets": 8, "t5_max_distance": 12}}
+  run["position_statistics"] = {"offsets": [-1, 0, 1], "attention_by_offset": [[0.2, 0.6, 0.2]],
+                                **statistics}
+  return run
+
+
+def test_qak_drawn_over_the_distances_that_occur(tmp_path, figures):
+  qak = {"qak_by_offset": [[-2.0, -1.0, 0.0, 1.0, 2.0]], "max_distance": 2}
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", qak)]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  ax = figures["qak_by_offset.png"].axes[0]
+  # Older results: up to task.max_length - 1 = 5, clipped at k = 2 beyond it.
+  np.testing.assert_allclose(ax.get_lines()[0].get_xydata(),
+                             [[d, min(max(d, -2), 2)] for d in range(-5, 6)])
+  assert "up to 5 (task.max_length - 1)" in figures["qak_by_offset.png"]._suptitle.get_text()
+  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", {**qak,
+                                                                    "longest_distance": 3})]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  np.testing.assert_array_equal(figures["qak_by_offset.png"].axes[0].get_lines()[0].get_xdata(),
+                                range(-3, 4))
+
+
+def test_t5_bias_drawn_against_distance(tmp_path, figures):
+  bias = np.arange(16.0).reshape(8, 2)  # [buckets, heads]
+  run = _learned_run("t5", {"t5_bias": bias.tolist(), "longest_distance": 2})
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"runs": [run]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  ax = figures["t5_bias.png"].axes[0]
+  # 8 bidirectional buckets: 4 a direction, 2 exact; distances -2..2 fall in 2, 1, 0, 5, 6.
+  for head, line in enumerate(ax.get_lines()):
+    np.testing.assert_array_equal(line.get_xdata(), range(-2, 3))
+    np.testing.assert_array_equal(line.get_ydata(), bias[[2, 1, 0, 5, 6], head])
+  assert ax.get_xlabel() == "distance j - i (key minus query)"
 
 
 def test_table_of_a_task_with_its_own_test_split(tmp_path):

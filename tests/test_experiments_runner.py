@@ -8,6 +8,7 @@ import flax
 import jax
 import pytest
 
+from relpos import metrics_writer
 from relpos.experiments import run as run_cli
 from relpos.experiments import report
 from relpos.experiments import runner
@@ -68,6 +69,11 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
+    assert isinstance(stats["longest_distance"], int) and stats["longest_distance"] >= 2
+    validations = [r for r in metrics_writer.read_metrics(run["workdir"])
+                   if r["split"] == "validation"]
+    assert run["validation_curve"] == [[r["step"], r["bleu"]] for r in validations]
+    assert [step for step, _ in run["validation_curve"]] == [4]
   rel = runs[1]
   assert rel["config"]["model"]["position"] == "relative"
   assert len(rel["position_statistics"]["qak_by_offset"][0]) == 2 * 16 + 1
@@ -76,7 +82,8 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert "| abs | 1 |" in table and "| rel_kv | 1 |" in table
   assert outputs["table"] == table
   names = sorted(os.path.basename(p) for p in outputs["plots"])
-  assert names == ["attention_by_offset.png", "bleu_vs_length.png", "qak_by_offset.png"]
+  assert names == ["attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png",
+                   "qak_by_offset.png"]
 
 
 def test_rerun_skips_finished_rows(finished_table, monkeypatch):
@@ -109,7 +116,7 @@ def test_length_buckets_cover_every_sentence():
   edges = runner.length_edges(sources)
   assert edges == [3, 6, 9, 12]
   scores = runner.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
-  assert list(scores) == ["3-5", "6-8", "9-11", "12-12"]
+  assert list(scores) == ["3-5", "6-8", "9-11", "12"]
 
 
 def test_parse_override():

@@ -13,8 +13,10 @@ with one run per (table, row, seed), each also holding the "environment" (versio
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
      "steps_per_second": ..., "num_params": ...,
+     "validation_curve": [[step, validation BLEU], ...] (schema 2),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
-     "bleu_by_source_length": {split: {"13-16": ..., ...}}, "config": {...}}
+     "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
+     "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...}}
 """
 
 import json
@@ -35,7 +37,8 @@ ALPHA = 0.05
 MIN_SEEDS = 3
 
 
-# 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs).
+# 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
+# run's validation_curve.
 RESULTS_SCHEMA_VERSION = 2
 
 
@@ -85,6 +88,12 @@ def _scores(runs: list[dict], table: str, row: str, split: str) -> list[float]:
 
 def _field(runs: list[dict], table: str, row: str, name: str) -> list[float]:
   return [r[name] for r in runs if r["table"] == table and r["row"] == row]
+
+
+def bucket_label(bucket: str) -> str:
+  """A length bucket's label: "12" for a bucket of one length (stored "12" or "12-12")."""
+  low, _, high = bucket.partition("-")
+  return low if high in ("", low) else bucket
 
 
 def length_buckets(runs: list[dict], split: str) -> list[str]:
@@ -273,7 +282,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     if not buckets:
       continue
     lines += [f"BLEU by source length (words), {split}:", "",
-              "| row | " + " | ".join(buckets) + " |", "|" + " --- |" * (len(buckets) + 1)]
+              "| row | " + " | ".join(map(bucket_label, buckets)) + " |", "|" + " --- |" * (len(buckets) + 1)]
     for row in rows:
       cells = []
       for bucket in buckets:

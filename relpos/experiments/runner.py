@@ -94,14 +94,15 @@ def length_edges(sources: Sequence[str], num_buckets: int = NUM_LENGTH_BUCKETS) 
 
 def bleu_by_source_length(sources: Sequence[str], hypotheses: Sequence[str],
                           references: Sequence[str]) -> dict[str, float]:
-  """Corpus sacreBLEU per source-length bucket, keyed "low-high" (words, inclusive)."""
+  """Corpus sacreBLEU per source-length bucket, keyed "low-high" (words, inclusive), or
+  "low" for a bucket of one length."""
   edges = length_edges(sources)
   uppers = [e - 1 for e in edges[1:]] + [max(len(s.split()) for s in sources)]
   out = {}
   for low, high in zip(edges, uppers):
     picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
     if picked:
-      out[f"{low}-{high}"] = sacrebleu.corpus_bleu(
+      out[f"{low}-{high}" if high > low else f"{low}"] = sacrebleu.corpus_bleu(
           [hypotheses[i] for i in picked], [[references[i] for i in picked]]).score
   return out
 
@@ -132,6 +133,14 @@ def train_steps_per_second(workdir: str) -> float:
   speeds = [r["steps_per_second"] for r in metrics_writer.read_metrics(workdir)
             if r["split"] == "train"]
   return float(np.median(speeds))
+
+
+def validation_curve(workdir: str) -> list[list[float]]:
+  """[[step, validation BLEU], ...] of the run's metrics.jsonl, in step order (a step logged
+  again after a resume keeps its last record)."""
+  by_step = {r["step"]: r["bleu"] for r in metrics_writer.read_metrics(workdir)
+             if r["split"] == "validation" and "bleu" in r}
+  return [[step, by_step[step]] for step in sorted(by_step)]
 
 
 def evaluate_best(workdir: str) -> tuple[dict, dict, dict, int]:
@@ -178,6 +187,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
       "k": config.model.max_relative_position if table == "k_sweep" else None,
       "commit": source_commit, "wall_time_s": time.time() - start,
       "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
+      "validation_curve": validation_curve(workdir),
       "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
       "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
       "environment": {**environment(), "finished_at": _now()},
