@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
   model.max_len = 256  # longest sequence (absolute tables, decode cache)
   # Position information: absolute | relative | t5 | rope | alibi | none.
   model.position = "relative"
-  model.absolute_type = "sinusoidal"  # sinusoidal | learned
+  model.absolute_type = "sinusoidal"  # sinusoidal | t2t_timing_signal | learned
   model.add_absolute = False  # relative + absolute encodings (row abs_rel_kv)
   model.max_relative_position = 16  # k: distances clipped to [-k, k]
   model.relative_key = True  # a^K

@@ -11,6 +11,12 @@ hypotheses and the `beam_size` best finished ones, scores a finished hypothesis 
 (eos included) by log_prob / ((5 + L) / 6) ** alpha (GNMT length penalty), and stops as soon as
 no live hypothesis can beat the worst finished one. A hypothesis that reaches max_decode_len
 without eos is finished there with L = max_decode_len.
+
+`output_vocab_size` (the tokenizer's size, which can be smaller than the model's vocabulary:
+SentencePiece may find fewer pieces than asked for) keeps both searches off the ids the
+tokenizer cannot decode. Beam search sets their log-probabilities to -inf after the softmax, so
+every other token keeps the log-probability the trained model gives it (the softmax it was
+trained with); greedy search takes the argmax over the decodable ids.
 """
 import functools
 from typing import Any, Callable, NamedTuple
@@ -60,16 +66,28 @@ class _BeamState(NamedTuple):
   cache: Any  # leaves [b * k, ...], aligned with alive_sequences.
 
 
-def _check_search_args(batch_size: int, max_decode_len: int) -> None:
+def _check_search_args(batch_size: int, max_decode_len: int, eos_id: int,
+                       output_vocab_size: int | None) -> None:
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}.")
+  if output_vocab_size is not None and output_vocab_size <= eos_id:
+    raise ValueError(f"output_vocab_size must exceed eos_id={eos_id}, got {output_vocab_size}.")
+
+
+def _forbid_undecodable(scores: jax.Array, output_vocab_size: int | None) -> jax.Array:
+  """scores [..., vocab] with -inf at ids >= output_vocab_size (all kept when None)."""
+  if output_vocab_size is None:
+    return scores
+  decodable = jnp.arange(scores.shape[-1]) < output_vocab_size
+  return jnp.where(decodable, scores, -jnp.inf)
 
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
                 beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
-                max_decode_len: int) -> tuple[jax.Array, jax.Array]:
+                max_decode_len: int, output_vocab_size: int | None = None
+                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
   Args:
@@ -81,6 +99,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     alpha: length penalty exponent (>= 0; 0 ranks by log-probability alone).
     eos_id: end-of-sequence token.
     max_decode_len: L, the most tokens per hypothesis (eos included).
+    output_vocab_size: ids >= this are never emitted (None: every id of the logits).
 
   Returns:
     sequences: int32 [batch, beam_size, L], eos-terminated (unless L was reached) and padded
@@ -89,9 +108,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
       all-zero sequence) where fewer than beam_size hypotheses exist.
 
   Raises:
-    ValueError: on beam_size, batch_size or max_decode_len < 1, or alpha < 0.
+    ValueError: on beam_size, batch_size or max_decode_len < 1, alpha < 0, or
+      output_vocab_size <= eos_id.
   """
-  _check_search_args(batch_size, max_decode_len)
+  _check_search_args(batch_size, max_decode_len, eos_id, output_vocab_size)
   if beam_size < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
   if alpha < 0:
@@ -118,7 +138,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     tokens = _previous_tokens(state.alive_sequences, step).reshape(-1)
     logits, cache = tokens_to_logits(tokens, step, state.cache)
     vocab_size = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(*shape, vocab_size)
+    log_probs = _forbid_undecodable(jax.nn.log_softmax(logits.astype(jnp.float32)),
+                                    output_vocab_size).reshape(*shape, vocab_size)
     candidates = (state.alive_log_probs[..., None] + log_probs).reshape(batch_size, -1)
     # 2k candidates always hold k that do not end here (at most k of them end with eos).
     top_log_probs, top_index = jax.lax.top_k(candidates, 2 * beam_size)
@@ -153,7 +174,8 @@ class _GreedyState(NamedTuple):
 
 
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
-                  eos_id: int = 1, max_decode_len: int) -> jax.Array:
+                  eos_id: int = 1, max_decode_len: int,
+                  output_vocab_size: int | None = None) -> jax.Array:
   """Greedy decoding: the argmax token at every step until eos (or max_decode_len).
 
   Args:
@@ -163,14 +185,15 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
     batch_size: number of inputs.
     eos_id: end-of-sequence token.
     max_decode_len: L, the most tokens per sequence (eos included).
+    output_vocab_size: ids >= this are never emitted (None: every id of the logits).
 
   Returns:
     int32 [batch, L]: tokens up to and including eos, then 0.
 
   Raises:
-    ValueError: on batch_size or max_decode_len < 1.
+    ValueError: on batch_size or max_decode_len < 1, or output_vocab_size <= eos_id.
   """
-  _check_search_args(batch_size, max_decode_len)
+  _check_search_args(batch_size, max_decode_len, eos_id, output_vocab_size)
   state = _GreedyState(step=jnp.array(0, jnp.int32),
                        sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
                        finished=jnp.zeros((batch_size,), bool), cache=cache)
@@ -181,7 +204,8 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
   def step_fn(state: _GreedyState) -> _GreedyState:
     tokens = _previous_tokens(state.sequences, state.step)
     logits, cache = tokens_to_logits(tokens, state.step, state.cache)
-    next_tokens = jnp.where(state.finished, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    best = jnp.argmax(_forbid_undecodable(logits, output_vocab_size), axis=-1)
+    next_tokens = jnp.where(state.finished, 0, best.astype(jnp.int32))
     return _GreedyState(step=state.step + 1,
                         sequences=state.sequences.at[:, state.step].set(next_tokens),
                         finished=state.finished | (next_tokens == eos_id), cache=cache)
@@ -207,9 +231,10 @@ def _prefix_tokens_to_logits(model: nnx.Module, encoded: jax.Array,
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "alpha", "max_decode_len",
-                                             "eos_id", "use_cache"))
+                                             "eos_id", "use_cache", "output_vocab_size"))
 def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, beam_size: int,
-               alpha: float, max_decode_len: int, eos_id: int, use_cache: bool) -> jax.Array:
+               alpha: float, max_decode_len: int, eos_id: int, use_cache: bool,
+               output_vocab_size: int | None) -> jax.Array:
   """Jitted body of `translate` (the model travels as graphdef + state)."""
   model = nnx.merge(graphdef, state)
   batch_size = inputs.shape[0]
@@ -225,15 +250,16 @@ def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, b
     cache = jnp.zeros((batch_size * beam_size, max_decode_len), jnp.int32)
   if beam_size == 1:
     return greedy_search(tokens_to_logits, cache, batch_size=batch_size, eos_id=eos_id,
-                         max_decode_len=max_decode_len)
+                         max_decode_len=max_decode_len, output_vocab_size=output_vocab_size)
   sequences, _ = beam_search(tokens_to_logits, cache, batch_size=batch_size,
                              beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-                             max_decode_len=max_decode_len)
+                             max_decode_len=max_decode_len, output_vocab_size=output_vocab_size)
   return sequences[:, 0]
 
 
 def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha: float = 0.6,
-              max_decode_len: int, eos_id: int = 1, use_cache: bool = True) -> jax.Array:
+              max_decode_len: int, eos_id: int = 1, use_cache: bool = True,
+              output_vocab_size: int | None = None) -> jax.Array:
   """Encodes `inputs` once and decodes them with the cached decoder of `model`.
 
   Compiled once per (model structure, input shape, search settings); later batches of the same
@@ -248,17 +274,19 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
     eos_id: end-of-sequence token.
     use_cache: False reruns the decoder over the whole output buffer at every step (the
       reference for the cache, and the baseline of the decoding benchmark).
+    output_vocab_size: the tokenizer's size; ids >= it are never emitted (None: every id of
+      the model's vocabulary).
 
   Returns:
     int32 [batch, max_decode_len]: the best hypothesis per input, eos-terminated (unless
     max_decode_len was reached) and padded with 0.
 
   Raises:
-    ValueError: on beam_size or max_decode_len < 1 or alpha < 0.
+    ValueError: on beam_size or max_decode_len < 1, alpha < 0 or output_vocab_size <= eos_id.
   """
   if beam_size < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
   graphdef, state = nnx.split(model)
   return _translate(graphdef, state, jnp.asarray(inputs, jnp.int32), beam_size=beam_size,
                     alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id,
-                    use_cache=use_cache)
+                    use_cache=use_cache, output_vocab_size=output_vocab_size)

@@ -129,7 +129,7 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
         model, jax.make_array_from_process_local_data(sharding, local),
         beam_size=config.decode.beam_size, alpha=config.decode.alpha,
         max_decode_len=max_decode_len(inputs.shape[1], config.decode, config.model.max_len),
-        eos_id=tokenizer_lib.EOS_ID)
+        eos_id=tokenizer_lib.EOS_ID, output_vocab_size=tokenizer.vocab_size)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
     for i, row in zip(example_index, tokens):
       if i >= 0:

@@ -34,7 +34,10 @@ from relpos import positions as positions_lib
 
 PAD_ID = 0
 POSITIONS = attention.POSITIONS
-ABSOLUTE_TYPES = ("sinusoidal", "learned")
+ABSOLUTE_TYPES = ("sinusoidal", "learned", "t2t_timing_signal")
+# absolute_type -> fixed encoding (positions [..., n], dim) -> [..., n, dim].
+FIXED_ENCODINGS = {"sinusoidal": positions_lib.sinusoidal_position_encoding,
+                   "t2t_timing_signal": positions_lib.t2t_timing_signal}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 DecodeCache = list[attention.Cache]
@@ -133,7 +136,7 @@ class TransformerConfig:
     if self.add_absolute and self.position != "relative":
       raise _invalid("add_absolute", self.add_absolute,
                      f"False unless model.position='relative' (position={self.position!r})")
-    if self.uses_absolute and self.absolute_type == "sinusoidal" and self.emb_dim % 2:
+    if self.uses_absolute and self.absolute_type != "learned" and self.emb_dim % 2:
       raise _invalid("emb_dim", self.emb_dim, "even for sinusoidal absolute encodings")
     if self.position == "relative" and not (self.relative_key or self.relative_value):
       raise _invalid("relative_key", self.relative_key,
@@ -215,10 +218,12 @@ class TransformerConfig:
 
 
 class AbsolutePositionEncoding(nnx.Module):
-  """Absolute encodings of token positions, sinusoidal or learned ([max_len, dim] table)."""
+  """Absolute encodings of token positions: sinusoidal (the paper's frequencies),
+  t2t_timing_signal (tensor2tensor's) or learned ([max_len, dim] table)."""
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.dim = config.emb_dim
+    self.absolute_type = config.absolute_type
     self.max_len = config.max_len
     self.table = (nnx.Param(nnx.initializers.normal(stddev=0.02)(
         rngs.params(), (config.max_len, config.emb_dim)))
@@ -227,7 +232,7 @@ class AbsolutePositionEncoding(nnx.Module):
   def __call__(self, positions: jax.Array) -> jax.Array:
     """Encodings [batch or 1, n, dim] of integer positions [batch or 1, n]."""
     if self.table is None:
-      return positions_lib.sinusoidal_position_encoding(positions, self.dim)
+      return FIXED_ENCODINGS[self.absolute_type](positions, self.dim)
     if positions.shape[-1] > self.max_len:
       raise ValueError(f"sequence length {positions.shape[-1]} exceeds model.max_len="
                        f"{self.max_len} (the learned absolute table).")

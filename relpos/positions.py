@@ -89,12 +89,26 @@ def t5_relative_position_bucket(relative_position: jnp.ndarray, *, bidirectional
   return (offset + jnp.where(distance < max_exact, distance, large)).astype(jnp.int32)
 
 
+def _sin_then_cos(positions: jnp.ndarray, inv_timescales: np.ndarray) -> jnp.ndarray:
+  """[sin(p * inv_timescales), cos(p * inv_timescales)] of positions [..., n]: [..., n, 2t]."""
+  angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_timescales
+  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def _check_even(dim: int) -> None:
+  if dim <= 0 or dim % 2:
+    raise ValueError(f"dim must be a positive even number, got {dim}.")
+
+
 def sinusoidal_position_encoding(positions: jnp.ndarray, dim: int,
                                  max_timescale: float = 10000.0) -> jnp.ndarray:
-  """Sinusoidal encodings of Vaswani et al. (2017): sin on the first half, cos on the second.
+  """Sinusoidal encodings with the frequencies of Vaswani et al. (2017), sin half then cos half.
 
-  Channel c < dim/2 is sin(p / max_timescale**(2c/dim)), channel dim/2 + c the matching cos
-  (the concatenated layout of tensor2tensor and flax examples/wmt).
+  Channel c < dim/2 is sin(p / max_timescale**(2c/dim)), channel dim/2 + c the matching cos:
+  the paper's frequencies 10000^(-2i/d) (its equation interleaves sin and cos; here they are
+  concatenated). tensor2tensor's `get_timing_signal_1d` and flax examples/wmt use the same
+  layout but other frequencies, 10000^(-i/(d/2 - 1)) (`t2t_timing_signal`); at dim = 64 the
+  two encodings differ by up to 1.99.
 
   Args:
     positions: integer or float array [..., n].
@@ -107,11 +121,35 @@ def sinusoidal_position_encoding(positions: jnp.ndarray, dim: int,
   Raises:
     ValueError: if dim is not a positive even number.
   """
-  if dim <= 0 or dim % 2:
-    raise ValueError(f"dim must be a positive even number, got {dim}.")
-  inv_timescales = max_timescale ** (-np.arange(0, dim, 2, dtype=np.float32) / dim)
-  angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_timescales
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  _check_even(dim)
+  return _sin_then_cos(positions,
+                       max_timescale ** (-np.arange(0, dim, 2, dtype=np.float32) / dim))
+
+
+def t2t_timing_signal(positions: jnp.ndarray, dim: int, min_timescale: float = 1.0,
+                      max_timescale: float = 1.0e4) -> jnp.ndarray:
+  """tensor2tensor's `get_timing_signal_1d` (what Shaw et al. 2018 trained with) at `positions`.
+
+  With t = dim/2 timescales spaced geometrically from min_timescale to max_timescale, channel
+  c < t is sin(p * min_timescale * exp(-c * ln(max_timescale / min_timescale) / (t - 1))) and
+  channel t + c the matching cos (flax examples/wmt's `sinusoidal_init` is the same).
+
+  Args:
+    positions: integer or float array [..., n].
+    dim: encoding width (even).
+    min_timescale, max_timescale: the shortest and longest wavelength scales.
+
+  Returns:
+    float32 array [..., n, dim].
+
+  Raises:
+    ValueError: if dim is not a positive even number.
+  """
+  _check_even(dim)
+  num_timescales = dim // 2
+  increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
+  return _sin_then_cos(positions, min_timescale * np.exp(
+      -increment * np.arange(num_timescales, dtype=np.float32)))
 
 
 def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) -> jnp.ndarray:

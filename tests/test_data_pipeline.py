@@ -1,6 +1,7 @@
 """Tests for relpos.data.pipeline: packing, bucketing, resume, sharding, eval batches."""
 
 import json
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -222,6 +223,15 @@ def test_tokenizer_is_cached_beside_the_data(task, data_dir):
   assert task.tokenizer.path.startswith(str(data_dir / "relpos_tokenizers"))
   other = pipeline.Task(_task_config(data_dir, vocab_size=100))
   assert other.tokenizer.path != task.tokenizer.path
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_refused(task, data_dir):
+  """A tokenizer file with more pieces than task.vocab_size would feed ids past the embedding."""
+  path = task.tokenizer.path.replace("-120-", "-16-")
+  shutil.copyfile(task.tokenizer.path, path)
+  with pytest.raises(ValueError, match=f"{path} holds {task.tokenizer.vocab_size} pieces, more "
+                     "than task.vocab_size=16"):
+    pipeline.Task(_task_config(data_dir, vocab_size=16))
 
 
 def test_data_dir_resolution(monkeypatch, tmp_path):

@@ -22,6 +22,18 @@ def test_round_trip_and_special_ids(tmp_path):
   assert tok.decode([tokenizer_lib.PAD_ID] + tok.encode("le chat")[:-1]) == "le chat"
 
 
+def test_tokenizer_smaller_than_requested_decodes_every_id(tmp_path):
+  """SentencePiece gives fewer pieces than asked on a small corpus; decode never fails."""
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
+                                              vocab_size=200, model_type="unigram", seed=0)
+  assert tok.vocab_size < 200
+  ids = tok.encode("the dog")[:-1]
+  unknown = tok.decode([tokenizer_lib.UNK_ID])
+  assert unknown.strip() == "⁇"
+  for bad in (tok.vocab_size, 199, 10_000, -3):
+    assert tok.decode(ids + [bad] + ids) == tok.decode(ids + [tokenizer_lib.UNK_ID] + ids)
+
+
 def test_cached_model_is_reused_and_training_deterministic(tmp_path):
   path = str(tmp_path / "sub" / "t.model")
   first = tokenizer_lib.load_or_train_tokenizer(path, SENTENCES, vocab_size=50,

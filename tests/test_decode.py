@@ -208,11 +208,38 @@ def test_beam_size_one_equals_greedy():
   np.testing.assert_array_equal(greedy, greedy_reference(table))
 
 
+def test_searches_never_emit_ids_beyond_the_output_vocabulary():
+  # Token 3 (beyond output_vocab_size=3) has the highest logit everywhere, eos the second.
+  table = np.random.default_rng(4).normal(size=(2, 5, VOCAB, VOCAB))
+  table[..., 3] = 10.0
+  table[..., EOS] = 5.0
+  tokens_to_logits, init_cache = previous_token_decoder(table)
+  unmasked = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=2, max_decode_len=5)
+  np.testing.assert_array_equal(unmasked[:, 0], [3, 3])  # the case bites without the mask
+  greedy = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=2, max_decode_len=5,
+                                output_vocab_size=3)
+  np.testing.assert_array_equal(greedy, [[EOS, 0, 0, 0, 0]] * 2)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=2,
+                                         beam_size=2, alpha=0.6, max_decode_len=5,
+                                         output_vocab_size=3)
+  assert np.asarray(sequences).max() <= 2
+  for b in range(2):
+    # Scores stay the log-probabilities of the full softmax the model was trained with.
+    expected = log_softmax(table[b, 0, 0])[EOS] / penalty(1, 0.6)
+    np.testing.assert_allclose(scores[b, 0], expected, rtol=1e-5)
+    np.testing.assert_array_equal(sequences[b, 0], [EOS, 0, 0, 0, 0])
+    end = list(np.asarray(sequences[b, 1])).index(EOS) + 1
+    np.testing.assert_allclose(
+        scores[b, 1], sequence_log_prob(table[b], sequences[b, 1, :end], by_prefix=False)
+        / penalty(end, 0.6), rtol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"beam_size": 0}, "beam_size"),
     ({"alpha": -0.5}, "alpha"),
     ({"max_decode_len": 0}, "max_decode_len"),
     ({"batch_size": 0}, "batch_size"),
+    ({"output_vocab_size": 1}, "output_vocab_size must exceed eos_id=1"),
 ])
 def test_invalid_search_arguments(kwargs, message):
   tokens_to_logits, init_cache = previous_token_decoder(np.zeros((1, 3, VOCAB, VOCAB)))

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from relpos import checkpoints
+from relpos import config_validation
+from relpos import decode
 from relpos import evaluate
 from relpos import metrics_writer
 from relpos import train
 from relpos.data import pipeline
+from relpos.data import tokenizer as tokenizer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,3 +173,26 @@ def test_score_reports_cased_and_lowercased_bleu_with_signatures():
   assert "case:mixed" in scores["signature"]
   assert "case:lc" in scores["lowercase_signature"]
   assert scores["num_sentences"] == 2
+
+
+def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
+  """A model built for task.vocab_size=64 whose logits favour the ids a smaller tokenizer
+  lacks still translates into decodable text."""
+  tokenizer = tokenizer_lib.train_tokenizer(
+      ["the dog sees the cat", "a small bird sings near the river"] * 50, vocab_size=64,
+      model_type="unigram", seed=0)
+  assert tokenizer.vocab_size < 64
+  config = tiny.get_config()
+  config.model.logits_via_embedding = False
+  model = checkpoints.build_model(config_validation.validate(config), seed=0)
+  phantom = np.arange(64) >= tokenizer.vocab_size
+  model.decoder.logits.bias[...] = np.where(phantom, 50.0, 0.0).astype(np.float32)
+  texts = ["the dog sees the cat", "a bird"]
+  for beam_size in (1, 2):
+    config.decode.beam_size = beam_size
+    translations = evaluate.translate_texts(model, tokenizer, texts, config,
+                                            mesh=evaluate.make_mesh())
+    assert len(translations) == 2 and all(t and "⁇" not in t for t in translations)
+  _, inputs = next(evaluate.source_batches(tokenizer, texts, 2))
+  unmasked = np.asarray(decode.translate(model, inputs, beam_size=1, max_decode_len=4))
+  assert (unmasked >= tokenizer.vocab_size).all()  # what the tokenizer would choke on

@@ -1,9 +1,13 @@
 """Tests for relpos.experiments.report and .plots: table.md and PNGs from results.json alone."""
 
 import json
+import math
+import os
 
+import numpy as np
 import pytest
 
+from relpos.experiments import analysis
 from relpos.experiments import plots
 from relpos.experiments import report
 
@@ -36,6 +40,14 @@ def results_path(tmp_path):
   return path
 
 
+def test_load_runs_reads_older_schemas_and_refuses_newer_ones(results_path, tmp_path):
+  assert len(report.load_runs(str(results_path))) == 11  # version 1: no schema_version field
+  newer = tmp_path / "newer.json"
+  newer.write_text(json.dumps({"schema_version": report.RESULTS_SCHEMA_VERSION + 1, "runs": []}))
+  with pytest.raises(ValueError, match=f"{newer}: schema_version=3 is newer"):
+    report.load_runs(str(newer))
+
+
 def test_mean_std():
   assert report.mean_std([1.0]) == (1.0, 0.0)
   mean, std = report.mean_std([1.0, 3.0])
@@ -53,18 +65,76 @@ def test_table_rebuilt_from_results_json_alone(results_path, tmp_path):
   assert "| rel_kv | 42.0 ± 1.4 | 40.0 ± 1.4 |" in text
 
 
-def test_findings_verdicts(results_path):
-  by_number = {f.split(" ")[0]: v for f, v, _ in report.findings(
+def test_welch_against_the_closed_form():
+  # Equal sizes and variances: df = 2 (n - 1) = 4, where P(|T| < t) = x (3 - x^2) / 2 with
+  # x = t / sqrt(t^2 + 4), and the 97.5% quantile is 2.776445.
+  c = report.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+  se = math.sqrt(1 / 3 + 1 / 3)
+  x = 3 / se / math.sqrt((3 / se) ** 2 + 4)
+  assert c.difference == -3.0
+  assert c.p == pytest.approx(1 - x * (3 - x * x) / 2, rel=1e-6)
+  assert (c.low, c.high) == pytest.approx((-3 - 2.776445 * se, -3 + 2.776445 * se), rel=1e-6)
+  assert report.welch([5.0, 5.0, 5.0], [5.0, 5.0, 5.0]).p == 1.0  # constant samples: exact
+  assert report.welch([6.0, 6.0, 6.0], [5.0, 5.0, 5.0]) == (1.0, 1.0, 1.0, 0.0)
+
+
+def test_judge_gap_and_match_predictions():
+  noisy_high, noisy_low = [97.0, 99.0, 101.0], [95.0, 97.0, 99.0]  # 2 BLEU apart, std 2
+  assert report.judge(noisy_high, noisy_low, gap=True, margin=1.0)[0] == "no"  # not significant
+  assert report.judge(noisy_low, noisy_high, gap=False, margin=1.0)[0] == "yes"  # within noise
+  tight_high, tight_low = [99.0, 99.1, 99.2], [96.0, 96.1, 96.2]
+  assert report.judge(tight_high, tight_low, gap=True, margin=1.0)[0] == "yes"
+  assert report.judge(tight_high, tight_low, gap=True, margin=4.0)[0] == "no"  # gap too small
+  verdict, statistics = report.judge(tight_low, tight_high, gap=False, margin=1.0)
+  assert verdict == "no" and statistics.startswith("-3.0 [-3.2, -2.8], p = ")
+  assert report.judge(tight_low[:2], tight_high, gap=False, margin=1.0) == (
+      "not enough seeds", "")
+
+
+def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
+  return [_run(table, row, seed, test, long, k=k, speed=speed)
+          for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))]
+
+
+def test_findings_verdicts_with_three_seeds():
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0])
+          + _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0],
+                    speeds=[9.5, 9.6, 9.7])
+          + _seeded("ablation", "none", [20.0, 21.0, 22.0])
+          + _seeded("ablation", "rel_k", [58.0, 61.0, 64.0])
+          + _seeded("ablation", "rel_v", [30.0, 31.0, 32.0])
+          + _seeded("k_sweep", "k=0", [20.0, 21.0, 22.0], k=0)
+          + _seeded("k_sweep", "k=1", [50.0, 51.0, 52.0], k=1)
+          + _seeded("k_sweep", "k=2", [58.0, 60.0, 62.0], k=2)
+          + _seeded("k_sweep", "k=4", [59.0, 61.0, 63.0], k=4)
+          + _seeded("k_sweep", "k=16", [57.0, 59.0, 61.0], k=16))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in report.findings(runs)}
+  assert {n: v for n, (v, _) in found.items()} == {
+      "1.": "yes",  # 61 vs 51
+      "2.": "yes",  # 61 vs none 21
+      "2b.": "yes",  # within the sweep: k=1 (51, the lowest k >= 1) vs k=0 (21)
+      "3.": "yes",  # 59-61 with std 2: within noise
+      "4a.": "yes",  # rel_k 61 ± 3 vs 61 ± 1
+      "4b.": "no",  # rel_v 31: less than half way from 21 to 61
+      "5.": "yes",  # 4% drop
+      "6.": "yes",  # test_long 41 vs 11
+  }
+  assert found["2b."][1].startswith("lowest k >= 1, k=1 51.0 ± 1.0, vs k=0 21.0 ± 1.0: +30.0")
+  assert found["3."][1].startswith("3 values of k; lowest k=16 59.0 ± 2.0 vs highest k=4 "
+                                   "61.0 ± 2.0: -2.0 [")
+  # A significant step between two values of k is not flat; one value of k gives no verdict.
+  steep = [r for r in runs if r["row"] != "k=16"] + _seeded("k_sweep", "k=16", [40.0, 40.5, 41.0],
+                                                            k=16)
+  assert dict((f.split(" ")[0], v) for f, v, _ in report.findings(steep))["3."] == "no"
+  single = [r for r in runs if r["row"] not in ("k=4", "k=16")]
+  assert dict((f.split(" ")[0], v) for f, v, _ in report.findings(single))["3."] == "not run"
+
+
+def test_findings_need_three_seeds(results_path):
+  found = {f.split(" ")[0]: (v, e) for f, v, e in report.findings(
       report.load_runs(str(results_path)))}
-  assert len(by_number) == 8
-  assert by_number["1."] == "yes"  # 61 vs 51
-  assert by_number["2."] == "yes"  # none 20 vs 61
-  assert by_number["2b."] == "yes"  # k=0 20 vs 61
-  assert by_number["3."] == "yes"  # k=2,4 both 60
-  assert by_number["4a."] == "yes"  # rel_k 61 vs 61
-  assert by_number["4b."] == "no"  # rel_v 30: less than half way from 20 to 61
-  assert by_number["5."] == "yes"  # 4% drop
-  assert by_number["6."] == "yes"  # 41 vs 11
+  assert found["1."] == ("not enough seeds", "rel_kv 61.0 ± 1.4 vs abs 51.0 ± 1.4")
+  assert {v for v, _ in found.values()} == {"not enough seeds"}
 
 
 def test_findings_not_run_when_rows_missing():
@@ -79,6 +149,110 @@ def test_plots_are_written(results_path, tmp_path):
   for p in paths:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  """Figure name -> the matplotlib figure a plot function made (not written)."""
+  made = {}
+
+  def keep(fig, path):
+    made[os.path.basename(path)] = fig
+    return path
+
+  monkeypatch.setattr(plots, "save", keep)
+  return made
+
+
+def test_bleu_vs_k_titles_and_ticks(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  ax = figures["bleu_vs_k.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, k_sweep table, 1 seed per row (0)")
+  # Every k of the grid, though the runs hold 0-4 only; no minor ticks between them.
+  assert list(ax.get_xticks()) == [0, 1, 2, 4, 16, 64, 256]
+  assert not ax.xaxis.get_minorticklocs().size
+
+
+def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  fig = figures["bleu_vs_length.png"]
+  assert fig._suptitle.get_text().endswith(  # pylint: disable=protected-access
+      "synthetic, ablation table, 1-2 seeds per row (0, 1); other rows in grey")
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "none", "rel_k", "rel_v"]
+  bars = panels[0].containers[0]  # abs: test 50 and 52, test_long 10 and 12
+  np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, 12.0, 10.0])
+  half_widths = [(segment[1][1] - segment[0][1]) / 2
+                 for segment in bars.lines[2][0].get_segments()]
+  np.testing.assert_allclose(half_widths, [2 ** 0.5] * 4)
+  for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
+
+
+def test_single_length_buckets_are_labelled_by_their_length():
+  assert report.bucket_label("12-12") == report.bucket_label("12") == "12"
+  assert report.bucket_label("3-5") == "3-5"
+  runs = [_run("ablation", "abs", 0, 50.0, 10.0)]
+  runs[0]["bleu_by_source_length"]["test"] = {"3-11": 60.0, "12-12": 40.0}
+  assert "| row | 3-11 | 12 |" in report.render_table(runs)
+
+
+def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
+  runs = [_run("ablation", "abs", seed, 50.0, 10.0) for seed in range(3)]
+  runs.append(_run("ablation", "rel_kv", 0, 60.0, 10.0))
+  for run, curve in zip(runs, ([[500, 30.0], [1000, 80.0]], [[500, 32.0], [1000, 84.0]],
+                               [[500, 34.0], [1000, 82.0]], [[500, 40.0], [1000, 90.0]])):
+    run["validation_curve"] = curve
+  assert plots.plot_bleu_vs_step(runs, "bleu_vs_step.png") == "bleu_vs_step.png"
+  ax = figures["bleu_vs_step.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, ablation table, 1-3 seeds per row (0, 1, 2)")
+  abs_line, rel_line = ax.get_lines()
+  assert (abs_line.get_label(), rel_line.get_label()) == ("abs", "rel_kv")
+  np.testing.assert_allclose(abs_line.get_xydata(), [[500, 32.0], [1000, 82.0]])
+  band = ax.collections[0].get_paths()[0].vertices  # abs: mean ± std (2) at each step
+  for step, low, high in ((500, 30.0, 34.0), (1000, 80.0, 84.0)):
+    np.testing.assert_allclose(sorted(set(band[band[:, 0] == step, 1])), [low, high])
+  assert plots.plot_bleu_vs_step([_run("ablation", "abs", 0, 50.0, 10.0)], "x.png") is None
+
+
+def _learned_run(row, statistics, *, max_length=6):
+  run = _run("ablation", row, 0, 50.0, 10.0)
+  run["config"] = {"task": {"max_length": max_length},
+                   "model": {"t5_num_buckets": 8, "t5_max_distance": 12}}
+  run["position_statistics"] = {"offsets": [-1, 0, 1], "attention_by_offset": [[0.2, 0.6, 0.2]],
+                                **statistics}
+  return run
+
+
+def test_qak_drawn_over_the_distances_that_occur(tmp_path, figures):
+  qak = {"qak_by_offset": [[-2.0, -1.0, 0.0, 1.0, 2.0]], "max_distance": 2}
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", qak)]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  ax = figures["qak_by_offset.png"].axes[0]
+  # Older results: up to task.max_length - 1 = 5, clipped at k = 2 beyond it.
+  np.testing.assert_allclose(ax.get_lines()[0].get_xydata(),
+                             [[d, min(max(d, -2), 2)] for d in range(-5, 6)])
+  assert "up to 5 (task.max_length - 1)" in figures["qak_by_offset.png"]._suptitle.get_text()
+  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", {**qak,
+                                                                    "longest_distance": 3})]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  np.testing.assert_array_equal(figures["qak_by_offset.png"].axes[0].get_lines()[0].get_xdata(),
+                                range(-3, 4))
+
+
+def test_t5_bias_drawn_against_distance(tmp_path, figures):
+  bias = np.arange(16.0).reshape(8, 2)  # [buckets, heads]
+  run = _learned_run("t5", {"t5_bias": bias.tolist(), "longest_distance": 2})
+  results = tmp_path / "results.json"
+  results.write_text(json.dumps({"runs": [run]}))
+  analysis.plot_learned_positions(str(results), str(tmp_path))
+  ax = figures["t5_bias.png"].axes[0]
+  # 8 bidirectional buckets: 4 a direction, 2 exact; distances -2..2 fall in 2, 1, 0, 5, 6.
+  for head, line in enumerate(ax.get_lines()):
+    np.testing.assert_array_equal(line.get_xdata(), range(-2, 3))
+    np.testing.assert_array_equal(line.get_ydata(), bias[[2, 1, 0, 5, 6], head])
+  assert ax.get_xlabel() == "distance j - i (key minus query)"
 
 
 def test_table_of_a_task_with_its_own_test_split(tmp_path):
@@ -101,6 +275,6 @@ def test_table_of_a_task_with_its_own_test_split(tmp_path):
   assert "sacreBLEU signature: `case:mixed|tok:13a`" in text
   assert "| rel_kv | 32.0 | 30.0 |" in text  # per-length buckets of the task's test split
   verdicts = {f.split(" ")[0]: v for f, v, _ in report.findings(runs)}
-  assert verdicts["1."] == "yes" and verdicts["2."] == "yes"
+  assert verdicts["1."] == verdicts["2."] == "not enough seeds"
   assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
       "bleu_vs_length.png"]

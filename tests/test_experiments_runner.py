@@ -2,6 +2,7 @@
 table with its runs as child processes (--parallel)."""
 
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -11,9 +12,12 @@ import sys
 import threading
 import time
 
+import flax
 import jax
 import pytest
 
+from relpos import metrics_writer
+from relpos.experiments import report
 from relpos.experiments import runner
 
 # A child run killed outright (SIGKILL) after training, its last checkpoint saved, before its
@@ -83,7 +87,19 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   _, output_dir, outputs = finished_table
   assert not outputs["preempted"]
   with open(os.path.join(output_dir, "results.json")) as f:
-    runs = json.load(f)["runs"]
+    results = json.load(f)
+  runs = results["runs"]
+  written = datetime.datetime.fromisoformat(results["written_at"])
+  assert written.tzinfo == datetime.timezone.utc
+  assert datetime.timedelta(0) <= datetime.datetime.now(datetime.timezone.utc) - written < (
+      datetime.timedelta(hours=1))
+  environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
+                 "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
+  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 2
+  assert {k: results[k] for k in environment} == environment
+  for run in runs:
+    assert {k: run["environment"][k] for k in environment} == environment
+    assert datetime.datetime.fromisoformat(run["environment"]["finished_at"]) <= written
   assert [(r["table"], r["row"], r["seed"]) for r in runs] == [
       ("ablation", "abs", 0), ("ablation", "rel_kv", 0)]
   for run in runs:
@@ -96,6 +112,11 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
+    assert isinstance(stats["longest_distance"], int) and stats["longest_distance"] >= 2
+    validations = [r for r in metrics_writer.read_metrics(run["workdir"])
+                   if r["split"] == "validation"]
+    assert run["validation_curve"] == [[r["step"], r["bleu"]] for r in validations]
+    assert [step for step, _ in run["validation_curve"]] == [4]
   rel = runs[1]
   assert rel["config"]["model"]["position"] == "relative"
   assert len(rel["position_statistics"]["qak_by_offset"][0]) == 2 * 16 + 1
@@ -104,7 +125,8 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert "| abs | 1 |" in table and "| rel_kv | 1 |" in table
   assert outputs["table"] == table
   names = sorted(os.path.basename(p) for p in outputs["plots"])
-  assert names == ["attention_by_offset.png", "bleu_vs_length.png", "qak_by_offset.png"]
+  assert names == ["attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png",
+                   "qak_by_offset.png"]
 
 
 def test_rerun_skips_finished_rows(finished_table, monkeypatch):
@@ -137,7 +159,7 @@ def test_length_buckets_cover_every_sentence():
   edges = runner.length_edges(sources)
   assert edges == [3, 6, 9, 12]
   scores = runner.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
-  assert list(scores) == ["3-5", "6-8", "9-11", "12-12"]
+  assert list(scores) == ["3-5", "6-8", "9-11", "12"]
 
 
 def test_parse_override():

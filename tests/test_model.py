@@ -14,6 +14,7 @@ from flax import nnx
 from configs import default
 from relpos import decode
 from relpos import model as model_lib
+from relpos import positions as positions_lib
 
 VOCAB = 20
 EOS = 1
@@ -23,6 +24,7 @@ TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_encode
 VARIANTS = {
     "absolute_sinusoidal": {"position": "absolute"},
     "absolute_learned": {"position": "absolute", "absolute_type": "learned"},
+    "absolute_t2t": {"position": "absolute", "absolute_type": "t2t_timing_signal"},
     "relative_kv": {"position": "relative"},
     "relative_k": {"position": "relative", "relative_value": False},
     "relative_v": {"position": "relative", "relative_key": False},
@@ -115,6 +117,16 @@ def test_encoder_shift_invariance(variant):
     np.testing.assert_allclose(shifted, reference, atol=ATOL)
 
 
+@pytest.mark.parametrize("absolute_type, encoding", [
+    ("sinusoidal", positions_lib.sinusoidal_position_encoding),
+    ("t2t_timing_signal", positions_lib.t2t_timing_signal),
+])
+def test_absolute_type_selects_the_encoding(absolute_type, encoding):
+  model = make_model(position="absolute", absolute_type=absolute_type)
+  at = jnp.array([[0, 3, 40]])
+  np.testing.assert_array_equal(model.encoder.absolute(at), encoding(at, 16))
+
+
 def parameter_sizes(model: nnx.Module, name: str) -> list[int]:
   """Sizes of the parameters called `name` (shared instances counted once)."""
   return [variable[...].size for path, variable in nnx.state(model, nnx.Param).flat_state()
@@ -176,6 +188,8 @@ def test_dropout_only_in_training():
     ({"num_encoder_layers": 1.5}, r"model\.num_encoder_layers=1\.5.*integer >= 1"),
     ({"relative_per_head": "yes"}, r"model\.relative_per_head='yes'.*True or False"),
     ({"position": "absolute", "emb_dim": 15, "qkv_dim": 16}, r"model\.emb_dim=15.*even"),
+    ({"position": "absolute", "absolute_type": "t2t_timing_signal", "emb_dim": 15,
+      "qkv_dim": 16}, r"model\.emb_dim=15.*even"),
     ({"position": "rope", "qkv_dim": 6}, r"model\.qkv_dim=6.*multiple of 2 \* model\.num_heads"),
     ({"position": "t5", "t5_num_buckets": 2}, r"model\.t5_num_buckets=2.*>= 4"),
     ({"position": "t5", "t5_max_distance": 4}, r"model\.t5_max_distance=4.*> .*= 4"),

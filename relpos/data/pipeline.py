@@ -91,6 +91,21 @@ class FilterStats:
   action: str
 
 
+def _check_vocab_size(tokenizer: tokenizer_lib.Tokenizer, vocab_size: int) -> None:
+  """Logs the ids the model has beyond a smaller tokenizer; refuses a larger one.
+
+  Raises:
+    ValueError: the tokenizer file holds more pieces than the model's `task.vocab_size`.
+  """
+  if tokenizer.vocab_size > vocab_size:
+    raise ValueError(f"{tokenizer.path} holds {tokenizer.vocab_size} pieces, more than "
+                     f"task.vocab_size={vocab_size}; delete it to train a new tokenizer.")
+  if tokenizer.vocab_size < vocab_size:
+    logging.info("task.vocab_size=%d, but the tokenizer found %d pieces: ids %d-%d are never "
+                 "targets and are never decoded.", vocab_size, tokenizer.vocab_size,
+                 tokenizer.vocab_size, vocab_size - 1)
+
+
 class Task:
   """A prepared translation task: its splits, texts, tokenizer and batch iterators."""
 
@@ -121,6 +136,7 @@ class Task:
         (text for pair in self._pairs("train") for text in pair),
         vocab_size=task_config.vocab_size, model_type=task_config.spm_model_type,
         seed=task_config.spm_seed)
+    _check_vocab_size(self.tokenizer, task_config.vocab_size)
 
   def _check_split(self, split: str) -> None:
     if split not in self.splits:

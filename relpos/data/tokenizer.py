@@ -1,7 +1,9 @@
 """SentencePiece tokenizer shared by source and target: trained once, cached on disk.
 
 Ids: PAD_ID = 0, EOS_ID = 1, UNK_ID = 2, no BOS. `Tokenizer.encode` appends EOS;
-`Tokenizer.decode` stops at the first EOS and skips padding.
+`Tokenizer.decode` stops at the first EOS, skips padding and reads an id outside the vocabulary
+as UNK_ID. SentencePiece may find fewer pieces than `vocab_size` asks for (225 of 256 on the
+synthetic task): `Tokenizer.vocab_size` is the real count, the ids a decoder may emit.
 """
 
 import io
@@ -43,11 +45,13 @@ class Tokenizer:
     return [ids + [EOS_ID] for ids in self._processor.encode(list(texts))]
 
   def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids` up to the first EOS_ID; PAD_ID is skipped."""
+    """Text of `ids` up to the first EOS_ID; PAD_ID is skipped, ids outside
+    [0, vocab_size) read as UNK_ID (SentencePiece shows it as " ⁇ ")."""
     ids = list(ids)
     if EOS_ID in ids:
       ids = ids[:ids.index(EOS_ID)]
-    return self._processor.decode([i for i in ids if i != PAD_ID])
+    size = self.vocab_size
+    return self._processor.decode([i if 0 <= i < size else UNK_ID for i in ids if i != PAD_ID])
 
 
 def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: str,

@@ -1,17 +1,37 @@
-"""PNG plots made from `results.json`: BLEU against k and BLEU against source length."""
+"""PNG plots made from `results.json`: BLEU against k, source length and training step.
 
+Every title names the task, the table and the seeds its points average over.
+"""
+
+import collections
 import os
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
+from configs import ablation
 from relpos.experiments import paper
 from relpos.experiments import report
 
 
-def _save(fig, path: str) -> str:
+def describe(runs: list[dict]) -> str:
+  """"<task>, <table> table(s), <n> seeds per row (<seeds>)" for a plot's title."""
+  tasks = sorted({r["task"] for r in runs})
+  tables = list(dict.fromkeys(r["table"] for r in runs))
+  per_row = collections.Counter((r["table"], r["row"]) for r in runs).values()
+  low, high = min(per_row), max(per_row)
+  count = f"{low}" if low == high else f"{low}-{high}"
+  seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in runs}))
+  return (f"{', '.join(tasks)}, {' + '.join(tables)} table{'s' if len(tables) > 1 else ''}, "
+          f"{count} seed{'s' if high > 1 else ''} per row ({seeds})")
+
+
+def save(fig, path: str) -> str:
+  """Writes `fig` to `path` (PNG) and closes it."""
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -28,7 +48,7 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   ks = sorted({r["k"] for r in sweep})
   if not ks:
     return None
-  fig, ax = plt.subplots(figsize=(5.5, 3.8))
+  fig, ax = plt.subplots(figsize=(6, 4))
   held_out = [s for s in report.splits_in_order(sweep) if s != "validation"]
   for split, style in zip(held_out, ("o-", "s--", "^-.")):
     points = [(k, [r["scores"][split]["bleu"] for r in sweep
@@ -41,50 +61,113 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:",
           marker="x", label="paper (WMT14 dev)")
   ax.set_xscale("symlog", linthresh=1)
-  ax.set_xticks(ks)
-  ax.set_xticklabels([str(k) for k in ks])
+  grid = sorted(set(ablation.K_GRID) | set(ks))
+  ax.set_xticks(grid)
+  ax.set_xticklabels([str(k) for k in grid])
+  ax.xaxis.set_minor_locator(ticker.NullLocator())
   ax.set_xlabel("clipping distance k")
-  ax.set_ylabel("BLEU")
+  ax.set_ylabel("BLEU (mean ± std over seeds)")
+  ax.set_title(f"BLEU against k\n{describe(sweep)}", fontsize=9)
   ax.legend(fontsize=8)
-  return _save(fig, path)
+  return save(fig, path)
+
+
+def _panels(count: int, *, width: float, height: float):
+  """A grid of `count` panels sharing both axes (at most 3 a line); the unused ones hidden.
+
+  Returns:
+    (figure, list of `count` axes).
+  """
+  columns = min(3, count)
+  lines = -(-count // columns)
+  fig, axes = plt.subplots(lines, columns, figsize=(max(width * columns, 7.5), height * lines),
+                           sharex=True, sharey=True, squeeze=False)
+  for ax in axes.flat[count:]:
+    ax.set_visible(False)
+  return fig, list(axes.flat[:count])
 
 
 def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
-  """BLEU against source length bucket (test splits in order), one line per ablation row.
+  """BLEU (mean ± std over seeds) against source length bucket (test splits in order), one
+  panel per ablation row, the other rows in grey behind it.
 
   Returns:
     The path written, or None when the runs hold no per-length scores.
   """
-  ablation = [r for r in runs if r["table"] == "ablation"]
-  held_out = [s for s in report.splits_in_order(ablation) if s != "validation"]
-  buckets = [(s, b) for s in held_out for b in report.length_buckets(ablation, s)]
+  ablation_runs = [r for r in runs if r["table"] == "ablation"]
+  held_out = [s for s in report.splits_in_order(ablation_runs) if s != "validation"]
+  buckets = [(s, b) for s in held_out for b in report.length_buckets(ablation_runs, s)]
   if not buckets:
     return None
-  fig, ax = plt.subplots(figsize=(7, 4))
-  for row in report.rows_in_order(ablation, "ablation"):
-    xs, ys = [], []
+  rows = report.rows_in_order(ablation_runs, "ablation")
+  curves = {}  # row -> (x, means, stds)
+  for row in rows:
+    points = []
     for x, (split, bucket) in enumerate(buckets):
-      values = [r["bleu_by_source_length"][split][bucket] for r in ablation
+      values = [r["bleu_by_source_length"][split][bucket] for r in ablation_runs
                 if r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})]
       if values:
-        xs.append(x)
-        ys.append(report.mean_std(values)[0])
-    ax.plot(xs, ys, marker="o", label=row)
-  ax.set_xticks(range(len(buckets)))
-  ax.set_xticklabels([b for _, b in buckets], rotation=45)
-  if "test_long" in held_out:
-    boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
-    ax.axvline(boundary, color="grey", linestyle=":")
-    ax.text(boundary + 0.1, ax.get_ylim()[1] * 0.95, "longer than training", fontsize=8)
-  ax.set_xlabel("source length (words)")
-  ax.set_ylabel("BLEU")
+        points.append((x, *report.mean_std(values)))
+    curves[row] = tuple(np.array(column) for column in zip(*points))
+  fig, axes = _panels(len(rows), width=3.6, height=2.8)
+  boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
+  for ax, row in zip(axes, rows):
+    for other in rows:
+      if other != row:
+        ax.plot(*curves[other][:2], color="0.85", linewidth=1)
+    ax.errorbar(*curves[row], fmt="o-", color="C0", capsize=3, markersize=4)
+    ax.set_title(row, fontsize=9)
+    if "test_long" in held_out:
+      ax.axvline(boundary, color="grey", linestyle=":")
+    ax.set_xticks(range(len(buckets)))
+    ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
+  for ax in axes[-min(3, len(rows)):]:  # the lowest panel of each column
+    ax.xaxis.set_tick_params(labelbottom=True)
+    ax.set_xlabel("source length (words)", fontsize=8)
+  for ax in axes[::3]:
+    ax.set_ylabel("BLEU", fontsize=8)
+  longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
+  others = "; other rows in grey" if len(rows) > 1 else ""
+  fig.suptitle(f"BLEU by source length, mean ± std over seeds{longer}\n"
+               f"{describe(ablation_runs)}{others}", fontsize=9)
+  return save(fig, path)
+
+
+def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
+  """Validation BLEU against training step, one line per row (mean over seeds, band ± std).
+
+  Returns:
+    The path written, or None when no run holds a validation curve.
+  """
+  curved = [r for r in runs if r.get("validation_curve")]
+  if not curved:
+    return None
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  rows = list(dict.fromkeys((r["table"], r["row"]) for r in curved))
+  for index, (table, row) in enumerate(rows):
+    by_step = collections.defaultdict(list)
+    for run in curved:
+      if (run["table"], run["row"]) == (table, row):
+        for step, bleu in run["validation_curve"]:
+          by_step[step].append(bleu)
+    steps = sorted(by_step)
+    means, stds = (np.array(column) for column in zip(*(report.mean_std(by_step[s])
+                                                        for s in steps)))
+    color = f"C{index % 10}"
+    ax.plot(steps, means, marker=".", color=color, label=row)
+    ax.fill_between(steps, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
+  ax.set_xlabel("training step")
+  ax.set_ylabel("validation BLEU")
+  ax.set_title(f"Validation BLEU during training (mean, band ± std over seeds)\n"
+               f"{describe(curved)}", fontsize=9)
   ax.legend(fontsize=7, ncol=2)
-  return _save(fig, path)
+  return save(fig, path)
 
 
 def plot_results(results_path: str, output_dir: str) -> list[str]:
   """Writes every plot that `results.json` supports; returns their paths."""
   runs = report.load_runs(results_path)
   made = [plot_bleu_vs_k(runs, os.path.join(output_dir, "bleu_vs_k.png")),
-          plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png"))]
+          plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png")),
+          plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png"))]
   return [p for p in made if p]

@@ -1,30 +1,60 @@
 """`table.md` from `results.json` alone: mean ± std over seeds, the paper beside it, findings.
 
-`results.json` holds {"runs": [run, ...]}, one run per (table, row, seed), as
-written by `relpos.experiments.runner`:
+`results.json` (schema version RESULTS_SCHEMA_VERSION, written by `relpos.experiments.runner`)
+holds
+
+    {"schema_version": 2, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
+     "jax_version": "...", "flax_version": "...", "device_kind": "cpu", "device_count": 1,
+     "runs": [run, ...]}
+
+with one run per (table, row, seed), each also holding the "environment" (versions, device,
+"finished_at") it was made in:
 
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
      "steps_per_second": ..., "num_params": ...,
+     "validation_curve": [[step, validation BLEU], ...] (schema 2),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
-     "bleu_by_source_length": {split: {"13-16": ..., ...}}, "config": {...}}
+     "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
+     "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...}}
 """
 
 import json
 import math
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
+
+from scipy import stats
 
 from relpos.experiments import paper
 
-# A finding "reproduces" when the gap it predicts holds by at least this many BLEU.
+# A predicted gap must be at least this many BLEU; a predicted match may miss by this much.
 MARGIN_BLEU = 1.0
+# Significance level of the Welch's t-tests behind the findings (95% confidence intervals).
+ALPHA = 0.05
+# Fewer seeds per row than this and a finding gets no verdict.
+MIN_SEEDS = 3
+
+
+# 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
+# run's validation_curve.
+RESULTS_SCHEMA_VERSION = 2
 
 
 def load_runs(results_path: str) -> list[dict]:
-  """Reads the runs of a `results.json` file."""
+  """Reads the runs of a `results.json` file of this or an earlier schema version.
+
+  Raises:
+    ValueError: the file has a newer schema version than this code reads.
+  """
   with open(results_path, encoding="utf-8") as f:
-    return json.load(f)["runs"]
+    results = json.load(f)
+  version = results.get("schema_version", 1)
+  if version > RESULTS_SCHEMA_VERSION:
+    raise ValueError(f"{results_path}: schema_version={version} is newer than this relpos "
+                     f"reads ({RESULTS_SCHEMA_VERSION}); update relpos.")
+  return results["runs"]
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -60,6 +90,12 @@ def _field(runs: list[dict], table: str, row: str, name: str) -> list[float]:
   return [r[name] for r in runs if r["table"] == table and r["row"] == row]
 
 
+def bucket_label(bucket: str) -> str:
+  """A length bucket's label: "12" for a bucket of one length (stored "12" or "12-12")."""
+  low, _, high = bucket.partition("-")
+  return low if high in ("", low) else bucket
+
+
 def length_buckets(runs: list[dict], split: str) -> list[str]:
   buckets = []
   for run in runs:
@@ -67,11 +103,6 @@ def length_buckets(runs: list[dict], split: str) -> list[str]:
       if bucket not in buckets:
         buckets.append(bucket)
   return sorted(buckets, key=lambda b: int(b.split("-")[0]))
-
-
-def _mean_of(runs, table, row, split) -> float | None:
-  values = _scores(runs, table, row, split)
-  return mean_std(values)[0] if values else None
 
 
 def splits_in_order(runs: list[dict]) -> list[str]:
@@ -90,55 +121,126 @@ def main_test_split(runs: list[dict]) -> str:
   return "test" if "test" in held_out or not held_out else held_out[0]
 
 
-def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
-  """Checks each of the paper's findings against the runs.
+class Comparison(NamedTuple):
+  """Welch's t-test of mean(a) - mean(b)."""
+  difference: float
+  low: float  # 95% confidence interval of the difference (Welch-Satterthwaite df).
+  high: float
+  p: float  # two-sided p-value.
+
+
+def welch(a: Sequence[float], b: Sequence[float]) -> Comparison:
+  """Welch's t-test (unequal variances) of two samples of at least 2 values each.
+
+  When both samples are constant the difference is exact: p = 1 if it is 0, else 0.
+  """
+  (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
+  difference = mean_a - mean_b
+  var_a, var_b = std_a ** 2 / len(a), std_b ** 2 / len(b)  # squared standard errors
+  if var_a + var_b == 0:
+    return Comparison(difference, difference, difference, float(difference == 0))
+  se = math.sqrt(var_a + var_b)
+  df = (var_a + var_b) ** 2 / (var_a ** 2 / (len(a) - 1) + var_b ** 2 / (len(b) - 1))
+  half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
+  return Comparison(difference, difference - half_width, difference + half_width,
+                    float(2 * stats.t.sf(abs(difference) / se, df)))
+
+
+def judge(a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float
+          ) -> tuple[str, str]:
+  """Verdict and statistics of a prediction about mean(a) - mean(b).
+
+  Args:
+    a, b: one value per seed.
+    gap: True predicts a above b by at least `margin`, significantly ("yes" only then);
+      False predicts a no worse than b by more than `margin` ("no" only when the data shows,
+      significantly, a larger deficit).
+    margin: in the values' unit.
 
   Returns:
-    (finding, verdict, evidence) triples; verdict is "yes", "no" or
+    ("yes" | "no" | "not enough seeds" (fewer than MIN_SEEDS values in a or b),
+     "difference [95% CI], p" or "" without a test).
+  """
+  if min(len(a), len(b)) < MIN_SEEDS:
+    return "not enough seeds", ""
+  c = welch(a, b)
+  significant = c.p < ALPHA
+  if gap:
+    holds = significant and c.difference >= margin
+  else:
+    holds = not (significant and c.difference < -margin)
+  return ("yes" if holds else "no",
+          f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {c.p:.2g}")
+
+
+def _extreme_rows(rows: dict[str, list[float]]) -> tuple[str, str]:
+  """The rows of highest and lowest mean."""
+  by_mean = sorted(rows, key=lambda r: mean_std(rows[r])[0])
+  return by_mean[-1], by_mean[0]
+
+
+def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
+  """Checks each of the paper's findings against the runs, with the spread over seeds.
+
+  Every finding compares two sets of per-seed values by Welch's t-test (see `judge`); the
+  k-sweep findings compare rows of the k sweep only, and "flat for k >= 2" needs two values of
+  k at least.
+
+  Returns:
+    (finding, verdict, evidence) triples; verdict is "yes", "no", "not enough seeds" or
     "not run" where the rows it needs are missing.
   """
   test_split = main_test_split(runs)
-  m = lambda row, table="ablation", split=test_split: _mean_of(runs, table, row, split)
+  bleu = lambda row, table="ablation", split=test_split: _scores(runs, table, row, split)
+  speed = lambda row: _field(runs, "ablation", row, "steps_per_second")
   out = []
 
-  def check(finding, needed, holds, evidence):
-    if any(v is None for v in needed):
+  def check(finding, a, b, *, gap, margin=MARGIN_BLEU, evidence, needs=()):
+    """Judges the finding on values a against b (see `judge`); evidence() describes them.
+    "not run" when a, b or any list in `needs` is empty."""
+    if not (a and b and all(needs)):
       out.append((finding, "not run", "–"))
-    else:
-      out.append((finding, "yes" if holds() else "no", evidence()))
+      return
+    verdict, statistics = judge(a, b, gap=gap, margin=margin)
+    out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "")))
 
-  rel, ab, none_, rel_k, rel_v = m("rel_kv"), m("abs"), m("none"), m("rel_k"), m("rel_v")
-  check(f"1. relative matches or beats absolute ({test_split} BLEU)", [rel, ab],
-        lambda: rel >= ab - MARGIN_BLEU,
-        lambda: f"rel_kv {rel:.1f} vs abs {ab:.1f}")
-  check("2. no position information collapses quality", [rel, none_],
-        lambda: none_ <= rel - MARGIN_BLEU,
-        lambda: f"none {none_:.1f} vs rel_kv {rel:.1f}")
-  k_means = {r: m(r, "k_sweep") for r in rows_in_order(runs, "k_sweep")}
-  k0 = k_means.get("k=0")
-  check("2b. k = 0 collapses like no position", [k0, rel],
-        lambda: k0 <= rel - MARGIN_BLEU,
-        lambda: f"k=0 {k0:.1f} vs rel_kv {rel:.1f}")
-  flat = [v for r, v in k_means.items() if int(r.split("=")[1]) >= 2]
-  check("3. quality is flat for k >= 2", [flat or None],
-        lambda: max(flat) - min(flat) <= MARGIN_BLEU,
-        lambda: f"range {min(flat):.1f}–{max(flat):.1f} over {len(flat)} values of k")
-  check("4a. a^K alone recovers all of it", [rel_k, rel],
-        lambda: rel_k >= rel - MARGIN_BLEU,
-        lambda: f"rel_k {rel_k:.1f} vs rel_kv {rel:.1f}")
-  check("4b. a^V alone recovers most of it", [rel_v, rel, none_],
-        lambda: rel_v - none_ >= 0.5 * (rel - none_),
-        lambda: f"rel_v {rel_v:.1f}, between none {none_:.1f} and rel_kv {rel:.1f}")
-  sps = lambda row: (mean_std(_field(runs, "ablation", row, "steps_per_second"))[0]
-                     if _field(runs, "ablation", row, "steps_per_second") else None)
-  s_rel, s_abs = sps("rel_kv"), sps("abs")
-  check(f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second", [s_rel, s_abs],
-        lambda: 1 - s_rel / s_abs <= paper.SPEED_DROP + 0.05,
-        lambda: f"drop {1 - s_rel / s_abs:.1%} ({s_rel:.2f} vs {s_abs:.2f} steps/s)")
-  long_rel, long_abs = m("rel_kv", split="test_long"), m("abs", split="test_long")
-  check("6. (later work) relative beats absolute on longer sentences", [long_rel, long_abs],
-        lambda: long_rel >= long_abs + MARGIN_BLEU,
-        lambda: f"test_long rel_kv {long_rel:.1f} vs abs {long_abs:.1f}")
+  rel, ab, none_ = bleu("rel_kv"), bleu("abs"), bleu("none")
+  check(f"1. relative matches or beats absolute ({test_split} BLEU)", rel, ab, gap=False,
+        evidence=lambda: f"rel_kv {_format(rel)} vs abs {_format(ab)}")
+  check("2. no position information collapses quality", rel, none_, gap=True,
+        evidence=lambda: f"rel_kv {_format(rel)} vs none {_format(none_)}")
+  sweep = {r: bleu(r, "k_sweep") for r in rows_in_order(runs, "k_sweep")}
+  k_of = lambda row: int(row.split("=")[1])
+  positive = {r: v for r, v in sweep.items() if k_of(r) >= 1}
+  lowest = _extreme_rows(positive)[1] if positive else None
+  k0 = sweep.get("k=0", [])
+  check("2b. k = 0 collapses like no position (within the k sweep)",
+        positive.get(lowest, []), k0, gap=True,
+        evidence=lambda: f"lowest k >= 1, {lowest} {_format(positive[lowest])}, "
+                         f"vs k=0 {_format(k0)}")
+  flat = {r: v for r, v in sweep.items() if k_of(r) >= 2}
+  high, low = _extreme_rows(flat) if len(flat) >= 2 else (None, None)
+  check("3. quality is flat for k >= 2", flat.get(low, []), flat.get(high, []), gap=False,
+        evidence=lambda: f"{len(flat)} values of k; lowest {low} {_format(flat[low])} vs "
+                         f"highest {high} {_format(flat[high])}")
+  rel_k, rel_v = bleu("rel_k"), bleu("rel_v")
+  check("4a. a^K alone recovers all of it", rel_k, rel, gap=False,
+        evidence=lambda: f"rel_k {_format(rel_k)} vs rel_kv {_format(rel)}")
+  half = (mean_std(rel)[0] - mean_std(none_)[0]) / 2 if rel and none_ else 0.0
+  check("4b. a^V alone recovers most of it", rel_v, none_, gap=True, margin=half, needs=[rel],
+        evidence=lambda: f"rel_v {_format(rel_v)} vs none {_format(none_)}, more than half "
+                         f"of rel_kv's gain ({half:.1f})")
+  slowest = 1 - paper.SPEED_DROP - 0.05
+  s_rel, s_abs = speed("rel_kv"), speed("abs")
+  check(f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second", s_rel,
+        [slowest * s for s in s_abs], gap=False, margin=0.0,
+        evidence=lambda: f"drop {1 - mean_std(s_rel)[0] / mean_std(s_abs)[0]:.1%} "
+                         f"({mean_std(s_rel)[0]:.2f} vs {mean_std(s_abs)[0]:.2f} steps/s), "
+                         f"against {slowest:.0%} of abs, in steps/s")
+  long_rel, long_abs = bleu("rel_kv", split="test_long"), bleu("abs", split="test_long")
+  check("6. (later work) relative beats absolute on longer sentences", long_rel, long_abs,
+        gap=True, evidence=lambda: f"test_long rel_kv {_format(long_rel)} vs abs "
+                                   f"{_format(long_abs)}")
   return out
 
 
@@ -180,7 +282,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     if not buckets:
       continue
     lines += [f"BLEU by source length (words), {split}:", "",
-              "| row | " + " | ".join(buckets) + " |", "|" + " --- |" * (len(buckets) + 1)]
+              "| row | " + " | ".join(map(bucket_label, buckets)) + " |", "|" + " --- |" * (len(buckets) + 1)]
     for row in rows:
       cells = []
       for bucket in buckets:
@@ -208,8 +310,14 @@ def render_table(runs: list[dict]) -> str:
   for table in ("ablation", "k_sweep"):
     lines += _table_section(runs, table)
   lines += ["## The paper's findings, here", "",
-            f"A finding reproduces when its predicted gap holds within {MARGIN_BLEU} BLEU "
-            f"on mean {main_test_split(runs)} BLEU.", "", "| finding | reproduced | evidence |",
+            f"Each finding compares the per-seed values of two rows ({main_test_split(runs)} "
+            f"BLEU unless it says otherwise) by Welch's t-test: difference of means [95% "
+            f"confidence interval], two-sided p. A predicted gap reproduces when it is at "
+            f"least {MARGIN_BLEU} BLEU (4b: half of rel_kv's gain over none) and significant "
+            f"(p < {ALPHA}); a predicted match (1, 3, 4a, 5) reproduces unless the data shows "
+            f"a significant shortfall of more than {MARGIN_BLEU} BLEU (5: below the speed "
+            f"named). Rows with fewer than {MIN_SEEDS} seeds get no verdict.", "",
+            "| finding | reproduced | evidence |",
             "| --- | --- | --- |"]
   lines += [f"| {f} | {v} | {e} |" for f, v, e in findings(runs)]
   return "\n".join(lines) + "\n"

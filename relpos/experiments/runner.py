@@ -23,6 +23,7 @@ returns; a second one kills them.
 import ast
 import contextlib
 import dataclasses
+import datetime
 import fcntl
 import json
 import math
@@ -36,6 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -134,16 +136,30 @@ def length_edges(sources: Sequence[str], num_buckets: int = NUM_LENGTH_BUCKETS) 
 
 def bleu_by_source_length(sources: Sequence[str], hypotheses: Sequence[str],
                           references: Sequence[str]) -> dict[str, float]:
-  """Corpus sacreBLEU per source-length bucket, keyed "low-high" (words, inclusive)."""
+  """Corpus sacreBLEU per source-length bucket, keyed "low-high" (words, inclusive), or
+  "low" for a bucket of one length."""
   edges = length_edges(sources)
   uppers = [e - 1 for e in edges[1:]] + [max(len(s.split()) for s in sources)]
   out = {}
   for low, high in zip(edges, uppers):
     picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
     if picked:
-      out[f"{low}-{high}"] = sacrebleu.corpus_bleu(
+      out[f"{low}-{high}" if high > low else f"{low}"] = sacrebleu.corpus_bleu(
           [hypotheses[i] for i in picked], [[references[i] for i in picked]]).score
   return out
+
+
+def environment() -> dict[str, Any]:
+  """The software and devices results are made with: jax and flax versions, device kind
+  (e.g. "cpu", "NVIDIA H200") and count."""
+  devices = jax.devices()
+  return {"jax_version": jax.__version__, "flax_version": flax.__version__,
+          "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def _now() -> str:
+  """The current UTC time, ISO 8601 to the second."""
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -159,6 +175,14 @@ def train_steps_per_second(workdir: str) -> float:
   speeds = [r["steps_per_second"] for r in metrics_writer.read_metrics(workdir)
             if r["split"] == "train"]
   return float(np.median(speeds))
+
+
+def validation_curve(workdir: str) -> list[list[float]]:
+  """[[step, validation BLEU], ...] of the run's metrics.jsonl, in step order (a step logged
+  again after a resume keeps its last record)."""
+  by_step = {r["step"]: r["bleu"] for r in metrics_writer.read_metrics(workdir)
+             if r["split"] == "validation" and "bleu" in r}
+  return [[step, by_step[step]] for step in sorted(by_step)]
 
 
 def evaluate_best(workdir: str) -> tuple[dict, dict, dict, int]:
@@ -254,8 +278,10 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
         "commit": source_commit, "wall_time_s": time.time() - start,
         "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
+        "validation_curve": validation_curve(workdir),
         "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
         "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
+        "environment": {**environment(), "finished_at": _now()},
     }
     _write_json(os.path.join(workdir, RESULT_FILE), result)
   return result
@@ -281,7 +307,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def write_outputs(output_dir: str) -> dict[str, Any]:
   """results.json from the finished runs, then table.md and the plots from it."""
   results_path = os.path.join(output_dir, "results.json")
-  _write_json(results_path, {"runs": collect(output_dir)})
+  _write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
+                             "written_at": _now(), **environment(),
+                             "runs": collect(output_dir)})
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)
