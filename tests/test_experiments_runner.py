@@ -176,7 +176,7 @@ def _results(output_dir: str) -> list[dict]:
   """The runs of results.json without what differs between two executions of the same run."""
   with open(os.path.join(output_dir, "results.json")) as f:
     runs = json.load(f)["runs"]
-  varying = ("wall_time_s", "steps_per_second", "commit", "workdir")
+  varying = ("wall_time_s", "steps_per_second", "commit", "workdir", "environment")
   return [{k: v for k, v in run.items() if k not in varying} for run in runs]
 
 
