@@ -23,8 +23,7 @@ _MULTIHOST = cli.define_multihost_flag()
 
 def main(argv: list[str]) -> None:
   result = cli.run(argv, lambda: train.train_and_evaluate(_CONFIG.value, _WORKDIR.value),
-                   multihost=_MULTIHOST.value,
-                   errors=(ValueError, FileNotFoundError, train.NonFiniteError))
+                   multihost=_MULTIHOST.value)
   print(json.dumps(result))
 
 

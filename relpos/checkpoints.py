@@ -125,7 +125,8 @@ def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:
   steps = manager.all_steps()
   where = str(manager.directory)
   if not steps:
-    raise FileNotFoundError(f"no checkpoint in {where}.")
+    raise FileNotFoundError(f"no checkpoint is ready in {where} (a run saves its first one "
+                            "after train.checkpoint_every_steps steps).")
   if checkpoint == "latest":
     return manager.latest_step()
   if checkpoint == "best":

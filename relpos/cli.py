@@ -8,8 +8,12 @@ from absl import flags
 from absl import logging
 
 from relpos import evaluate
+from relpos import locks
+from relpos import train
 
 Result = TypeVar("Result")
+# What a user's input or the state of a workdir can cause: one line, no traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, locks.WorkdirInUseError, train.NonFiniteError)
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -32,18 +36,17 @@ def start(multihost: str = "") -> None:
   evaluate.initialize_distributed(multihost)
 
 
-def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "",
-        errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> Result:
+def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:
   """The body of a program's absl `main`: `start`, then `work()`, whose result it returns.
 
   Raises:
     app.UsageError: on positional arguments.
-    SystemExit: "error: <message>" (status 1) for any of `errors`, instead of a traceback.
+    SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback.
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
   try:
     start(multihost)
     return work()
-  except errors as e:
+  except USER_ERRORS as e:
     sys.exit(f"error: {e}")

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import checkpoints
 from relpos import config_validation
 from relpos import evaluate
+from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos.data import pipeline
@@ -317,7 +318,8 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes the resolved config as `workdir/config.json` (process 0), warning about the fields
-  that differ from the config.json of an earlier start."""
+  that differ from the config.json of an earlier start. The file is written whole or not at
+  all (a temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
   path = os.path.join(workdir, evaluate.CONFIG_FILE)
@@ -329,8 +331,9 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     if changed:
       logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
           f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
-  with open(path, "w", encoding="utf-8") as f:
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(resolved, f, indent=2, sort_keys=True)
+  os.replace(path + ".tmp", path)
 
 
 class _Recorder:
@@ -420,6 +423,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Raises:
     ValueError: an invalid config field, a workdir that is a file, or checkpoints of another
       architecture in `workdir`.
+    locks.WorkdirInUseError: another process trains in `workdir`.
     NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
   """
   model_config = config_validation.validate(config)
@@ -427,18 +431,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
-  task = pipeline.get_task(config.task)
-  steps = get_steps(evaluate.make_mesh(), model_config, config.train)
-  train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
-                                       shard_index=jax.process_index(),
-                                       shard_count=jax.process_count())
-  manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
-  try:
-    state = _initial_state(config, steps, manager, train_iterator)
-    write_config(config, workdir)
-    return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
-  finally:
-    manager.close()
+  with locks.hold(workdir):
+    task = pipeline.get_task(config.task)
+    steps = get_steps(evaluate.make_mesh(), model_config, config.train)
+    train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
+                                         shard_index=jax.process_index(),
+                                         shard_count=jax.process_count())
+    manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
+    try:
+      state = _initial_state(config, steps, manager, train_iterator)
+      write_config(config, workdir)
+      return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
+    finally:
+      manager.close()
 
 
 def _initial_state(config: ml_collections.ConfigDict, steps: Steps,

@@ -1,5 +1,6 @@
 """Reliability of training (issue 7): exact resume after SIGKILL, SIGTERM, atomic checkpoints,
-the non-finite guard, and errors that name the culprit with nothing written or lost."""
+the non-finite guard, and errors that name the culprit with nothing written or lost; one run
+per workdir."""
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import pytest
 from configs import tiny
 from relpos import checkpoints
 from relpos import evaluate
+from relpos import locks
 from relpos import metrics_writer
 from relpos import train
 
@@ -115,6 +117,8 @@ def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_
       time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    with open(os.path.join(workdir, locks.LOCK_FILE), encoding="utf-8") as f:
+      assert f.read().startswith(f"process {process.pid} on host ")  # a stale lock: no obstacle
   done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
   assert done.returncode == 0, done.stderr[-3000:]
   assert_same_run(workdir, reference)
@@ -220,3 +224,19 @@ def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):
   assert ("error: config field train.nonfinite='ignore' is invalid: must be one of 'raise', "
           "'skip'") in done.stderr
   assert not os.path.exists(workdir)
+
+
+def test_second_run_on_a_workdir_stops_naming_the_first(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  with locks.hold(workdir):
+    with pytest.raises(locks.WorkdirInUseError,
+                       match=f"workdir {workdir} is in use by process {os.getpid()} on host "):
+      train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
+    done = subprocess.run(train_command(workdir, data_dir, KILL_RUN), capture_output=True,
+                          text=True, check=False)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f"error: workdir {workdir} is in use by process {os.getpid()} on host ")
+  assert "Traceback" not in done.stderr
+  assert sorted(os.listdir(workdir)) == [locks.LOCK_FILE]  # the second run wrote nothing
