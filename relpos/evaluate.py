@@ -11,6 +11,7 @@ sacreBLEU (cased, 13a tokenization; and lower-cased) and chrF on detokenized out
 
 A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
 """
+import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -212,18 +214,28 @@ def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: s
                   mesh: Mesh) -> tuple[nnx.Module, int]:
   """The model saved in `workdir` at `checkpoint` ("latest", "best" or a step), and its step.
 
+  "latest" is the newest checkpoint that restores: damaged newer ones are skipped with a
+  warning naming what is wrong and the step restored instead.
+
   Raises:
     FileNotFoundError: no checkpoint (or not that step) in the workdir.
     ValueError: the checkpoint's parameters do not fit the config (naming the first one).
+    checkpoints.DamagedCheckpointError: the checkpoint asked for (every one, for "latest")
+      is damaged.
   """
   model_config = config_validation.validate(config)
   manager = checkpoints.make_manager(workdir, read_only=True)
+  restore_step = functools.partial(checkpoints.restore_model, manager, model_config=model_config,
+                                   sharding=NamedSharding(mesh, PartitionSpec()))
   try:
-    step = checkpoints.resolve_step(manager, checkpoint)
-    model = checkpoints.restore_model(manager, step, model_config,
-                                      NamedSharding(mesh, PartitionSpec()))
+    if checkpoint != "latest":
+      step = checkpoints.resolve_step(manager, checkpoint)
+      return restore_step(step), step
+    step, model, damaged = checkpoints.restore_newest(manager, restore_step)
   finally:
     manager.close()
+  if damaged:
+    logging.warning("Evaluating step %d: the newer checkpoints %s are damaged.", step, damaged)
   return model, step
 
 

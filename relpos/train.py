@@ -421,8 +421,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     {"step", "preempted", "train": last train summary, "validation": last validation metrics}.
 
   Raises:
-    ValueError: an invalid config field, a workdir that is a file, or checkpoints of another
-      architecture in `workdir`.
+    ValueError: an invalid config field, a workdir that is a file, or checkpoints in `workdir`
+      of another architecture or written by another number of processes.
+    checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
     NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
   """
@@ -449,15 +450,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _initial_state(config: ml_collections.ConfigDict, steps: Steps,
                    manager: ocp.CheckpointManager,
                    train_iterator: grain.DatasetIterator) -> TrainState:
-  """The latest checkpoint's state (iterator restored in place), or a fresh one."""
-  latest = manager.latest_step()
-  if latest is None:
+  """The newest restorable checkpoint's state (iterator restored in place), or a fresh one.
+
+  Newer checkpoints found damaged are moved aside (`checkpoints.set_aside`), so that the run
+  can save their steps again.
+  """
+  if manager.latest_step() is None:
     return steps.init(config.seed)
-  logging.warning("Resuming from step %d (%s).", latest, manager.directory)
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=steps.replicated),
       jax.eval_shape(steps.init, config.seed))
-  return checkpoints.restore(manager, latest, abstract, train_iterator)
+  step, state, damaged = checkpoints.restore_newest(
+      manager, lambda s: checkpoints.restore(manager, s, abstract, train_iterator))
+  checkpoints.set_aside(manager, damaged)
+  logging.warning("Resuming from step %d (%s).", step, manager.directory)
+  return state
 
 
 def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
