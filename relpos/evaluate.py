@@ -197,17 +197,36 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: the workdir or its config.json does not exist.
-    ValueError: the config is invalid.
+    ValueError: the config is not JSON, not a config, or invalid (naming the file).
   """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir} does not exist.")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
-  with open(path, encoding="utf-8") as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config_validation.validate(config)
+  config = read_config_json(path)
+  try:
+    config_validation.validate(config)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
   return config
+
+
+def read_config_json(path: str) -> ml_collections.ConfigDict:
+  """The config in a run's config.json (data: nothing in it is executed or unpickled).
+
+  Raises:
+    ValueError: naming the file, when it is not JSON or not a config (e.g. a "__reduce__" key).
+  """
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+  try:
+    return ml_collections.ConfigDict(data)
+  except (AttributeError, TypeError, ValueError) as e:
+    raise ValueError(f"{path} does not hold a config: {e}") from None
 
 
 def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,

@@ -5,7 +5,8 @@
 the data iterator position), trains with periodic evaluation (loss, token accuracy and, with
 `decode.validation_bleu`, beam-search sacreBLEU through `relpos.evaluate`, the code eval.py
 runs), writes `config.json`, `metrics.jsonl` and TensorBoard events, and saves Orbax
-checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`).
+checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`); on
+SIGINT (Ctrl-C) it saves and raises KeyboardInterrupt.
 
 The train state is a dict of pure pytrees, the layout checkpoints hold:
   step         int32 []: updates taken (skipped non-finite ones included)
@@ -264,26 +265,37 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
 
 
 class Preemption:
-  """SIGTERM (or, on several processes, JAX's preemption sync point) -> save and stop.
+  """SIGTERM or SIGINT (or, on several processes, JAX's preemption sync point) -> save and stop.
 
-  One process: a SIGTERM handler (installed from the main thread) sets a flag, checked after
-  every step. Several: JAX's preemption service agrees on the step at which all processes save.
+  One process: a handler of both signals (installed from the main thread) records the signal,
+  checked after every step. Several: JAX's preemption service agrees on the step at which all
+  processes save.
+
+  Attributes:
+    signal: the name of the signal received ("SIGTERM", "SIGINT"), or None.
   """
 
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
   def __init__(self):
+    self.signal: str | None = None
     self._requested = threading.Event()
     self._handles_signal = (jax.process_count() == 1
                             and threading.current_thread() is threading.main_thread())
-    self._previous = None
+    self._previous = {}
+
+  def _request(self, signum: int, _) -> None:
+    self.signal = signal.Signals(signum).name
+    self._requested.set()
 
   def __enter__(self) -> "Preemption":
     if self._handles_signal:
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._requested.set())
+      self._previous = {s: signal.signal(s, self._request) for s in self.SIGNALS}
     return self
 
   def __exit__(self, *exc_info) -> None:
-    if self._handles_signal:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
   def reached(self, step: int) -> bool:
     """Whether to save and stop after `step` (same answer on every process)."""
@@ -316,23 +328,47 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return flat
 
 
+# The fields that make the tokenizer (and the data): a run resumes only with the values its
+# checkpoints were trained with.
+RESUME_FIXED_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
+                       "task.spm_model_type", "task.spm_seed")
+
+
+def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
+                         resuming: bool) -> None:
+  """Compares `config` with the config.json of the run's earlier start (when there is one),
+  warning about the fields that differ.
+
+  Raises:
+    ValueError: (`resuming`) a field of RESUME_FIXED_FIELDS changed, naming it, both values and
+      the file; or the file is not a config (named).
+  """
+  path = os.path.join(workdir, evaluate.CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  before = _flatten(evaluate.read_config_json(path).to_dict())
+  after = _flatten(config.to_dict())
+  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+  fixed = [k for k in changed if k in RESUME_FIXED_FIELDS]
+  if resuming and fixed:
+    raise ValueError(
+        f"config field {fixed[0]}={after.get(fixed[0])!r} differs from the "
+        f"{before.get(fixed[0])!r} that the checkpoints in {workdir} were trained with ({path}): "
+        "the tokenizer would change under the model. Resume with the old value or train in a "
+        "new --workdir.")
+  if changed:
+    logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
+        f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config as `workdir/config.json` (process 0), warning about the fields
-  that differ from the config.json of an earlier start. The file is written whole or not at
-  all (a temporary file renamed), so that evaluation never reads half of it."""
+  """Writes the resolved config as `workdir/config.json` (process 0), whole or not at all (a
+  temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
   path = os.path.join(workdir, evaluate.CONFIG_FILE)
-  resolved = config.to_dict()
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      before, after = _flatten(json.load(f)), _flatten(resolved)
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    if changed:
-      logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
-          f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
   with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(resolved, f, indent=2, sort_keys=True)
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
   os.replace(path + ".tmp", path)
 
 
@@ -421,8 +457,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     {"step", "preempted", "train": last train summary, "validation": last validation metrics}.
 
   Raises:
-    ValueError: an invalid config field, a workdir that is a file, or checkpoints in `workdir`
-      of another architecture or written by another number of processes.
+    KeyboardInterrupt: after saving, on SIGINT.
+    ValueError: an invalid config field, a workdir that is a file, checkpoints of another
+      architecture or tokenizer (RESUME_FIXED_FIELDS) in `workdir`, or written by another
+      number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
     NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
@@ -433,13 +471,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir):
-    task = pipeline.get_task(config.task)
-    steps = get_steps(evaluate.make_mesh(), model_config, config.train)
-    train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
-                                         shard_index=jax.process_index(),
-                                         shard_count=jax.process_count())
     manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
     try:
+      check_config_changes(config, workdir, resuming=manager.latest_step() is not None)
+      task = pipeline.get_task(config.task)
+      steps = get_steps(evaluate.make_mesh(), model_config, config.train)
+      train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
+                                           shard_index=jax.process_index(),
+                                           shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       write_config(config, workdir)
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
@@ -525,6 +564,9 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         break
     recorder.flush()
   manager.wait_until_finished()
+  if preemption.signal == "SIGINT":
+    raise KeyboardInterrupt(f"saved step {result['step']} to {manager.directory}; run the same "
+                            "command again to resume.")
   return result
 
 

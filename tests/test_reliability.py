@@ -143,22 +143,31 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(reference, data_
   assert_same_run(workdir, reference)
 
 
-def test_sigterm_saves_and_exits_zero(data_dir, environment, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_sigint_saves_and_exits(signum, data_dir, environment, tmp_path):
   workdir = str(tmp_path / "run")
   overrides = {**KILL_RUN, "train.num_steps": 100_000, "train.checkpoint_every_steps": 100_000}
   process = subprocess.Popen(train_command(workdir, data_dir, overrides), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=environment)
+                             stderr=subprocess.PIPE, text=True, env=environment)
   while max_logged_step(workdir) < 5:
     assert process.poll() is None
     time.sleep(0.01)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(signum)
   start = time.monotonic()
-  stdout, _ = process.communicate(timeout=60)
-  assert process.returncode == 0 and time.monotonic() - start < 10
-  result = json.loads(stdout.strip().splitlines()[-1])
-  assert result["preempted"] and result["step"] >= 5
+  stdout, stderr = process.communicate(timeout=60)
+  assert time.monotonic() - start < 10
   state, _ = saved(workdir)
-  assert int(state["step"]) == result["step"] == max_logged_step(workdir)
+  step = int(state["step"])
+  assert step == max_logged_step(workdir) and step >= 5
+  if signum == signal.SIGTERM:
+    assert process.returncode == 0
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["preempted"] and result["step"] == step
+  else:
+    assert process.returncode == 130 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: saved step {step} to {checkpoints.checkpoint_dir(workdir)}; run the same "
+        "command again to resume.")
 
 
 @pytest.mark.parametrize("mode", ["raise", "skip"])
@@ -215,6 +224,21 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
     json.dump(edited, f)
   with pytest.raises(ValueError, match=message):
     evaluate.evaluate_checkpoint(workdir, split="validation")
+
+
+@pytest.mark.parametrize("field, value, before", [("spm_model_type", "bpe", "unigram"),
+                                                  ("vocab_size", 128, 64)])
+def test_resuming_with_another_tokenizer_stops(field, value, before, reference, data_dir,
+                                               tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  config = make_config(data_dir, {**KILL_RUN, f"task.{field}": value})
+  with pytest.raises(ValueError, match=(
+      rf"config field task.{field}={value!r} differs from the {before!r} that the checkpoints "
+      rf"in {workdir} were trained with \({workdir}/config.json\): the tokenizer would change")):
+    train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["task"][field] == before
 
 
 def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):
