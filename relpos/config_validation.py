@@ -97,6 +97,7 @@ RULES: dict[str, Rule] = {
     "train.label_smoothing": number(0.0, 1.0, open_max=True),
     "train.grad_clip_norm": number(0.0),
     "train.nonfinite": one_of("raise", "skip"),
+    "train.max_skipped_fraction": number(0.0, 1.0),
     "train.log_every_steps": integer(1),
     "train.eval_every_steps": integer(1),
     "train.checkpoint_every_steps": integer(1),

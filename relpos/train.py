@@ -54,7 +54,8 @@ VALIDATION_SPLIT = "validation"
 
 
 class NonFiniteError(FloatingPointError):
-  """A non-finite loss or gradient with `train.nonfinite='raise'`."""
+  """A non-finite loss, gradient or updated parameters with `train.nonfinite='raise'`, or too
+  many skipped updates with 'skip'."""
 
 
 # --- optimizer and loss ------------------------------------------------------------------------
@@ -146,7 +147,9 @@ def _model_kwargs(batch: Batch) -> dict[str, jax.Array]:
 def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                optimizer: optax.GradientTransformation,
                label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One update on a global batch. Non-finite loss or gradient: the update is not applied.
+  """One update on a global batch. Not applied when the loss, the gradient or the updated
+  parameters are not finite (parameters whose global norm overflows float32 count as not
+  finite: an exploded update).
 
   Args:
     state: the train state.
@@ -156,8 +159,8 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
     label_smoothing: of the training loss.
 
   Returns:
-    The new state and float32 scalars loss (per target token), grad_norm and finite (1.0 when
-    the update was applied, 0.0 when skipped).
+    The new state and float32 scalars loss (per target token), grad_norm, param_norm (of the
+    updated parameters) and finite (1.0 when the update was applied, 0.0 when skipped).
   """
   def loss_fn(params):
     model = nnx.merge(graphdef, params, state["rng"])
@@ -167,15 +170,17 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
 
   (loss, rng), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
   grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
+  param_norm = optax.global_norm(params)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
   keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
   new_state = {"step": state["step"] + 1, "rng": rng,
                "params": keep_if_finite(params, state["params"]),
                "opt_state": keep_if_finite(opt_state, state["opt_state"]),
                "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
-  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
+                     "finite": finite.astype(jnp.float32)}
 
 
 def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
@@ -379,8 +384,18 @@ class _Recorder:
   device except at log, eval and checkpoint steps.
   """
 
-  def __init__(self, nonfinite: str, progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
-    self._nonfinite = nonfinite
+  def __init__(self, train_config: ml_collections.ConfigDict, num_skipped: int,
+               progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
+    """Starts recording.
+
+    Args:
+      train_config: `train.*` of the run (nonfinite, max_skipped_fraction, num_steps).
+      num_skipped: updates skipped before this start (of a resumed run).
+      progress: the progress bar.
+      last_checkpoint: returns the step of the latest checkpoint (None before the first).
+    """
+    self._train_config = train_config
+    self._num_skipped = num_skipped
     self._progress = progress
     self._last_checkpoint = last_checkpoint
     self._pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -398,7 +413,8 @@ class _Recorder:
     """Reads the held step's metrics.
 
     Raises:
-      NonFiniteError: the held step had a non-finite loss or gradient, in 'raise' mode.
+      NonFiniteError: the held step's update was not finite, in 'raise' mode; or, in 'skip'
+        mode, more than `max_skipped_fraction` of the run's steps have been skipped.
     """
     if self._pending is None:
       return
@@ -408,22 +424,36 @@ class _Recorder:
     self._steps_timed += 1
     self._progress.update(1)
     if not metrics["finite"]:
-      if self._nonfinite == "raise":
-        raise NonFiniteError(
-            f"non-finite loss or gradient at step {step} (loss={metrics['loss']}, "
-            f"grad_norm={metrics['grad_norm']}); nothing was saved after it, the last good "
-            f"checkpoint is step {self._last_checkpoint()}. Set train.nonfinite='skip' to skip "
-            "such updates instead.")
+      self._skip(step, metrics)
       return
     self._sums = {k: self._sums[k] + metrics[k] for k in self._sums}
     self._count += 1
     self._progress.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
 
-  def summary(self) -> dict[str, float]:
-    """Means over the finite steps since the last summary, and steps per second."""
+  def _skip(self, step: int, metrics: dict[str, float]) -> None:
+    """Counts a skipped update, raising when that is not allowed (see `flush`)."""
+    last = self._last_checkpoint()
+    kept = "no checkpoint was saved yet" if last is None else f"the last checkpoint is step {last}"
+    values = (f"loss={metrics['loss']}, grad_norm={metrics['grad_norm']}, "
+              f"param_norm={metrics['param_norm']}")
+    if self._train_config.nonfinite == "raise":
+      raise NonFiniteError(
+          f"non-finite loss, gradient or parameters at step {step} ({values}), not saved; "
+          f"{kept}. Set train.nonfinite='skip' to skip such updates instead.")
+    self._num_skipped += 1
+    fraction, num_steps = self._train_config.max_skipped_fraction, self._train_config.num_steps
+    if self._num_skipped > fraction * num_steps:
+      raise NonFiniteError(
+          f"updates skipped for non-finite values: {self._num_skipped} by step {step}, more "
+          f"than train.max_skipped_fraction={fraction} of the run's {num_steps} steps (step "
+          f"{step}: {values}); {kept}.")
+
+  def summary(self) -> dict[str, float | None]:
+    """Means over the finite steps since the last summary (None when every step was skipped),
+    and steps per second."""
     self.flush()
     elapsed = time.perf_counter() - self._start
-    means = {k: v / self._count if self._count else float("nan") for k, v in self._sums.items()}
+    means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
     summary = {**means, "steps_per_second": self._steps_timed / elapsed}
     self._sums = {k: 0.0 for k in self._sums}
     self._count, self._steps_timed, self._start = 0, 0, time.perf_counter()
@@ -538,7 +568,7 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
             "validation": last_records.get(VALIDATION_SPLIT, {})}
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
-  recorder = _Recorder(train_config.nonfinite, progress, manager.latest_step)
+  recorder = _Recorder(train_config, int(state["num_skipped"]), progress, manager.latest_step)
   with (progress, Preemption() as preemption,
         metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
     for step in range(first + 1, last + 1):

@@ -170,7 +170,15 @@ def test_sigterm_or_sigint_saves_and_exits(signum, data_dir, environment, tmp_pa
         "command again to resume.")
 
 
-@pytest.mark.parametrize("mode", ["raise", "skip"])
+def strict_records(workdir: str) -> list[dict]:
+  """metrics.jsonl read as strict JSON (NaN or Infinity in it fail the test)."""
+  def reject(constant):
+    raise AssertionError(f"metrics.jsonl holds {constant}")
+  with open(os.path.join(workdir, metrics_writer.METRICS_FILE), encoding="utf-8") as f:
+    return [json.loads(line, parse_constant=reject) for line in f]
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip", "skip_too_many"])
 def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   """Step 3's batch holds a token id past the vocabulary: NaN embeddings, loss and gradient."""
   global_batch, calls = train.Steps.global_batch, []
@@ -184,24 +192,43 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   monkeypatch.setattr(train.Steps, "global_batch", poisoned)
   overrides = {"train.num_steps": 5, "train.checkpoint_every_steps": 1, "train.log_every_steps": 1,
                "train.eval_every_steps": 5, "train.keep_checkpoints": 10,
-               "train.nonfinite": mode, "decode.validation_bleu": False}
+               "train.nonfinite": "raise" if mode == "raise" else "skip",
+               "train.max_skipped_fraction": 0.01 if mode == "skip_too_many" else 0.2,
+               "decode.validation_bleu": False}
   workdir = str(tmp_path)
-  if mode == "raise":
-    with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient at step 3 .*"
-                                                   "the last good checkpoint is step 2"):
+  if mode != "skip":
+    message = {"raise": r"non-finite loss, gradient or parameters at step 3 \(.*\), not saved; "
+                        r"the last checkpoint is step 2\. Set train.nonfinite='skip'",
+               "skip_too_many": r"updates skipped for non-finite values: 1 by step 3, more than "
+                                r"train.max_skipped_fraction=0.01 of the run's 5 steps \(step 3: "
+                                r"loss=nan, .*\); the last checkpoint is step 2"}[mode]
+    with pytest.raises(train.NonFiniteError, match=message):
       train.train_and_evaluate(make_config(data_dir, overrides), workdir)
     state, _ = saved(workdir)
     assert int(state["step"]) == 2
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
     return
   result = train.train_and_evaluate(make_config(data_dir, overrides), workdir)
-  records = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
+  records = [r for r in strict_records(workdir) if r["split"] == "train"]
   assert [r["skipped_updates"] for r in records] == [0, 0, 1, 1, 1]
+  assert records[2]["loss"] is None and records[2]["grad_norm"] is None  # no finite step in it
   assert np.isfinite(result["train"]["loss"]) and np.isfinite(result["validation"]["loss"])
   (before, _), (after, _) = saved(workdir, 2), saved(workdir, 3)
   jax.tree.map(np.testing.assert_array_equal, after["params"], before["params"])
   jax.tree.map(np.testing.assert_array_equal, after["opt_state"], before["opt_state"])
   assert int(after["num_skipped"]) == 1
+
+
+def test_exploded_update_is_not_a_good_step(data_dir, tmp_path):
+  """A learning rate of 1e30: step 1's loss and gradient are finite, the parameters it makes
+  are not (their norm overflows float32)."""
+  overrides = {"train.num_steps": 3, "train.checkpoint_every_steps": 1,
+               "train.learning_rate": 1e30, "decode.validation_bleu": False}
+  with pytest.raises(train.NonFiniteError, match=(
+      r"non-finite loss, gradient or parameters at step 1 \(loss=\d+\.\d+, grad_norm=\d+\.\d+, "
+      r"param_norm=inf\), not saved; no checkpoint was saved yet\.")):
+    train.train_and_evaluate(make_config(data_dir, overrides), str(tmp_path))
+  assert not os.listdir(checkpoints.checkpoint_dir(str(tmp_path)))
 
 
 def test_other_architecture_names_first_differing_parameter(reference, data_dir, tmp_path):
