@@ -199,10 +199,9 @@ def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
     fused = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=layout["mask"],
                                          implementation="xla")
     result[f"{name}_vs_dot_product_attention"] = float(jnp.max(jnp.abs(out[name] - fused)))
-  folded = attention._bias_attention(  # pylint: disable=protected-access
-      query, key, value, params["rel_key"],
-      attention._distances(None, None, None, length, length, max_distance),  # pylint: disable=protected-access
-      max_distance, None, layout["mask"], "xla")
+  folded = attention.bias_attention(query, key, value, rel_key=params["rel_key"],
+                                    max_distance=max_distance, mask=layout["mask"],
+                                    implementation="xla")
   result["rel_k_folded_into_bias"] = float(jnp.max(jnp.abs(out["rel_k"] - folded)))
   return result
 

@@ -116,8 +116,9 @@ def profile_step(call, kinds: dict[str, str], steps: int) -> dict[str, float]:
   return dict(seconds)
 
 
-def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
-  """Profiles the train step of `abs` and `rel_kv` on `task`'s model.
+def run(*, quick: bool = False, task: str | None = None) -> dict[str, Any]:
+  """Profiles the train step of `abs` and `rel_kv` on `task`'s model (default: the synthetic
+  model on a CPU, the Multi30K GPU recipe on an accelerator).
 
   The variants are profiled in turns (a few steps each, several rounds) and each kind's time is
   the median over the rounds, as the timings of `common.interleaved_medians` are.
@@ -126,6 +127,7 @@ def run(*, quick: bool = False, task: str = "synthetic") -> dict[str, Any]:
     {'task', 'steps', 'rounds', 'records': [{variant, seconds_per_kind: {kind: s}, total,
     flops}]}.
   """
+  task = task or ("synthetic" if jax.default_backend() == "cpu" else "multi30k_gpu")
   steps, rounds = (2, 2) if quick else (4, 5)
   calls, kinds, flops = {}, {}, {}
   for variant in VARIANTS:

@@ -28,7 +28,8 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The issue's targets, as ratios measured side by side.
-TRAIN_STEP_TARGET = 1.05  # rel_kv train step time / abs
+# rel_kv train step time / abs, per backend (on a GPU: the Multi30K recipe in bfloat16).
+TRAIN_STEP_TARGETS = {"cpu": 1.05, "gpu": 1.10}
 MEMORY_TARGET = 1.25  # rel_kv attention temporary memory / plain, at n = MEMORY_TARGET_LENGTH
 MEMORY_TARGET_LENGTH = 1024
 CACHE_TARGET = 5.0  # uncached / cached beam search time at the benchmark's output length
@@ -110,16 +111,17 @@ def decode_markdown(section: dict[str, Any]) -> list[str]:
   return lines
 
 
-def targets(results: dict[str, Any]) -> list[tuple[str, str, str]]:
-  """(target, met: yes / no / not run, measured) for each of the issue's targets."""
+def targets(results: dict[str, Any], backend: str) -> list[tuple[str, str, str]]:
+  """(target, met: yes / no / not run, measured) for each of the issues' targets."""
   out = []
   step = results.get("train_step")
+  target = TRAIN_STEP_TARGETS.get(backend, TRAIN_STEP_TARGETS["gpu"])
   if step:
     for task in step["tasks"]:
       record = {r["variant"]: r for r in task["records"]}["rel_kv"]
       flops = "" if record["flops_ratio"] is None else f" (FLOPs {record['flops_ratio']:.3f}x)"
-      out.append((f"rel_kv train step <= {TRAIN_STEP_TARGET}x abs ({task['task']})",
-                  "yes" if record["time_ratio"] <= TRAIN_STEP_TARGET else "no",
+      out.append((f"rel_kv train step <= {target}x abs ({task['task']})",
+                  "yes" if record["time_ratio"] <= target else "no",
                   f"{record['time_ratio']:.3f}x{flops}"))
   att = results.get("attention")
   if att:
@@ -152,7 +154,7 @@ def render(all_results: dict[str, Any]) -> str:
               f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
               f"{machine['date']}; load average at the end {results.get('load')}.", "",
               "| target | met | measured |", "| --- | --- | --- |"]
-    lines += [f"| {t} | {met} | {value} |" for t, met, value in targets(results)]
+    lines += [f"| {t} | {met} | {value} |" for t, met, value in targets(results, backend)]
     lines.append("")
     for name, render_section in renderers.items():
       if name in results:

@@ -1,5 +1,7 @@
 """The train step of the default (synthetic) and Multi30K models, per position variant.
 
+On a CPU the Multi30K model is `configs/multi30k.py` at a cut batch; on an accelerator it is the
+GPU recipe `configs/multi30k_gpu.py` (bfloat16, cuDNN attention where it runs) at its own batch.
 Uses the library's own compiled step (`relpos.train.Steps`: forward, backward, optimizer update,
 dropout on) on packed batches shaped like the task's (random tokens, segments of 3 to 20 tokens
 packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
@@ -20,10 +22,17 @@ from relpos import train as train_lib
 
 VARIANTS = ("abs", "rel_kv", "rel_k", "rel_v", "t5", "rope", "alibi", "none")
 QUICK_VARIANTS = ("abs", "rel_kv", "t5")
-# Rows per step. Multi30K's 128 rows take seconds per step on a laptop CPU; the ratio between
-# variants is what this measures, so its batch is cut (and said so in the output).
-BATCH_SIZES = {"synthetic": None, "multi30k": 16}
+# Task (a base of configs/ablation.py) -> rows per step (None: the config's). On a CPU
+# Multi30K's 128 rows take seconds per step; the ratio between variants is what this measures,
+# so its batch is cut (and said so in the output).
+CPU_BATCH_SIZES = {"synthetic": None, "multi30k": 16}
+ACCELERATOR_BATCH_SIZES = {"synthetic": None, "multi30k_gpu": None}
 EOS_ID = 1
+
+
+def batch_sizes() -> dict[str, int | None]:
+  """The tasks measured on this backend and their rows per step."""
+  return CPU_BATCH_SIZES if jax.default_backend() == "cpu" else ACCELERATOR_BATCH_SIZES
 
 
 def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -52,8 +61,8 @@ def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict
 
 def _config(row: str, task: str) -> ml_collections.ConfigDict:
   config = ablation.get_config(f"{row},{task}")
-  if BATCH_SIZES[task] is not None:
-    config.train.batch_size = BATCH_SIZES[task]
+  if batch_sizes().get(task) is not None:
+    config.train.batch_size = batch_sizes()[task]
   return config
 
 
@@ -111,7 +120,7 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
                     if stats[row]["flops"] and stats["abs"]["flops"] else None, **stats[row]})
   model = {k: v for k, v in config.model.items()
            if k in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_encoder_layers",
-                    "num_decoder_layers", "max_relative_position")}
+                    "num_decoder_layers", "max_relative_position", "dtype")}
   return {"task": task, "batch_size": config.train.batch_size, "length": config.task.max_length,
           "model": model, "devices": len(jax.devices()), "records": records}
 
@@ -119,8 +128,9 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
 def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
   """Train-step benchmark of both models; see `run_task`."""
   variants = QUICK_VARIANTS if quick else VARIANTS
+  sizes = batch_sizes()
   results = [run_task(task, variants=variants, rounds=rounds or (3 if quick else 7))
-             for task in BATCH_SIZES]
-  notes = [f"multi30k: batch {BATCH_SIZES['multi30k']} rows instead of the config's 128 "
-           f"(CPU time); ratios between variants are what is compared."]
+             for task in sizes]
+  notes = [f"{task}: batch {rows} rows instead of the config's (CPU time); ratios between "
+           f"variants are what is compared." for task, rows in sizes.items() if rows]
   return {"tasks": results, "notes": notes}

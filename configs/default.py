@@ -65,10 +65,20 @@ def get_config() -> ml_collections.ConfigDict:
   model.t5_max_distance = 128
   model.t5_shared_across_layers = True
   model.rope_base = 10000.0
+  # Compute dtype of activations, matmuls and the decode cache: float32 | bfloat16 | float16.
+  # Parameters, optimizer state, attention logits and softmax, output logits and the loss stay
+  # float32.
+  model.dtype = "float32"
+  # Attention kernel: auto (cuDNN's fused kernel where it can run, else XLA) | xla | cudnn
+  # (raises where it cannot run: CPU, float32, a^V, attention dropout).
+  model.attention_implementation = "auto"
 
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()
   train.batch_size = 32  # global, sequences of task.max_length tokens
+  # Gradient accumulated over this many micro-batches of batch_size / N rows (a global batch
+  # larger than fits in memory); batch_size must divide by it times the device count.
+  train.grad_accumulation_steps = 1
   train.num_steps = 1000
   train.learning_rate = 0.002  # peak, reached after warmup_steps
   train.warmup_steps = 150
@@ -82,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
   train.max_skipped_fraction = 0.01  # skip: stop once more of num_steps' updates were skipped
   train.log_every_steps = 50
   train.eval_every_steps = 500
+  # Stop after this many evaluations without a better validation BLEU (loss without BLEU);
+  # 0: train all num_steps.
+  train.early_stopping_patience = 0
   train.checkpoint_every_steps = 500
   train.keep_checkpoints = 2
   train.eval_batch_size = 64

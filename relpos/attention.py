@@ -22,8 +22,12 @@ run time from the positions and the mask in one pass over the pairs (`_distances
 takes the per-pair gather and scatter-add whenever it does not hold, so results are exact for
 arbitrary positions. Without positions no check is needed.
 
-On a GPU, variants that reduce to an additive bias (none, t5, alibi, a^K without a^V) in half
-precision call `jax.nn.dot_product_attention` with cuDNN, with a^K gathered into the bias.
+The kernel is chosen explicitly (`implementation`, like maxtext's `attention_kernel`): 'xla' is
+the path above; 'cudnn' calls `jax.nn.dot_product_attention` with cuDNN's fused kernel, a^K
+gathered into its additive bias (`bias_attention`), and raises a ValueError naming the reason
+where cuDNN cannot run the call (not a GPU, float32, a^V, attention dropout, head depth, odd
+lengths); 'auto' takes cuDNN exactly where it can run, else XLA. The logits are float32 whatever
+the inputs' dtype (the products accumulate in float32), and so is the softmax.
 
 `MultiHeadAttention` selects the position variant ('none', 'absolute', 'relative', 't5', 'rope',
 'alibi') and supports an explicit decode cache.
@@ -39,6 +43,7 @@ from flax import nnx
 from relpos import positions as positions_lib
 
 POSITIONS = ("none", "absolute", "relative", "t5", "rope", "alibi")
+IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 
 Cache = dict[str, jax.Array]
 
@@ -312,8 +317,9 @@ def _relative_logits(query: jax.Array, rel_key: jax.Array, distances: _Distances
   Args:
     query: pre-scaled, heads first [batch, heads, q_len, depth].
   """
+  # [b, h, q, d] x [(h,) 2k+1, d] -> [b, h, q, 2k+1], accumulated in float32
   per_distance = jnp.einsum(_table_einsum("bhqd", rel_key, "bhqr"), query,
-                            rel_key.astype(query.dtype))
+                            rel_key.astype(query.dtype), preferred_element_type=jnp.float32)
   return _gather_by_distance(per_distance, distances, max_distance)
 
 
@@ -322,14 +328,17 @@ def _logits(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
             mask: jax.Array | None) -> jax.Array:
   """Masked float32 logits [batch, heads, q_len, kv_len] (inputs already validated).
 
+  The products accumulate in float32 whatever the inputs' dtype (bfloat16 logits would round
+  each to 8 bits of mantissa before the softmax).
+
   Args:
     query, key: heads first, [batch, heads, len, depth].
   """
   query = query * query.shape[-1] ** -0.5
-  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key)
+  # [b, h, q, d] x [b, h, k, d] -> [b, h, q, k], accumulated in float32
+  logits = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
   if rel_key is not None:
     logits = logits + _relative_logits(query, rel_key, distances, max_distance)
-  logits = logits.astype(jnp.float32)
   if bias is not None:
     logits = logits + bias
   if mask is not None:
@@ -449,21 +458,43 @@ def _as_4d(x: jax.Array | None) -> jax.Array | None:
   return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
-def _cudnn_applies(query: jax.Array, key: jax.Array, value: jax.Array,
-                   rel_value: jax.Array | None, dropout: bool) -> bool:
-  """Whether the cuDNN fused kernel can run this call: GPU, fp16/bf16, even lengths, a bias."""
-  depth = query.shape[-1]
-  return (jax.default_backend() == "gpu" and rel_value is None and not dropout
-          and query.dtype in (jnp.bfloat16, jnp.float16)
-          and query.dtype == key.dtype == value.dtype and depth % 8 == 0 and depth <= 128
-          and query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0)
+def cudnn_unsupported(query: jax.Array, key: jax.Array, value: jax.Array, *,
+                      rel_value: jax.Array | None = None, dropout: bool = False) -> str | None:
+  """Why cuDNN's fused attention cannot run this call, or None when it can.
+
+  It needs a GPU, float16 or bfloat16 inputs of one dtype, no a^V table (its output is the
+  weighted values alone), no attention dropout (`jax.nn.dot_product_attention` has none), a head
+  depth that is a multiple of 8 and at most 128, and even lengths (the backward pass with a bias
+  requires them) unless the query is one decode-step token.
+
+  Args:
+    query: [batch, q_len, heads, depth]; key, value: [batch, kv_len, heads, depth].
+    rel_value: the a^V table or None.
+    dropout: whether attention dropout is on for this call.
+  """
+  depth, q_len, kv_len = query.shape[-1], query.shape[1], key.shape[1]
+  if jax.default_backend() != "gpu":
+    return f"it needs a GPU, and JAX's backend is {jax.default_backend()!r}"
+  if query.dtype not in (jnp.bfloat16, jnp.float16) or not (
+      query.dtype == key.dtype == value.dtype):
+    return (f"it needs float16 or bfloat16 inputs (model.dtype), got {query.dtype}, "
+            f"{key.dtype}, {value.dtype}")
+  if rel_value is not None:
+    return "it cannot add a^V to the values (model.relative_value)"
+  if dropout:
+    return "it has no attention dropout (model.attention_dropout_rate)"
+  if depth % 8 or depth > 128:
+    return f"it needs a head depth that is a multiple of 8 and at most 128, got {depth}"
+  if q_len != 1 and (q_len % 2 or kv_len % 2):
+    return f"it needs even lengths, got query {q_len} and key {kv_len}"
+  return None
 
 
 def _bias_attention(query: jax.Array, key: jax.Array, value: jax.Array,
                     rel_key: jax.Array | None, distances: _Distances | None, max_distance: int,
                     bias: jax.Array | None, mask: jax.Array | None,
-                    implementation: str | None) -> jax.Array:
-  """`jax.nn.dot_product_attention` with a^K gathered into the additive bias (no a^V)."""
+                    implementation: str) -> jax.Array:
+  """`bias_attention` on validated inputs, with `distances` from `_distances`."""
   if rel_key is not None:
     scaled = _heads_first(query) * query.shape[-1] ** -0.5
     relative = _relative_logits(scaled, rel_key, distances, max_distance)
@@ -474,6 +505,34 @@ def _bias_attention(query: jax.Array, key: jax.Array, value: jax.Array,
       implementation=implementation)
 
 
+def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
+                   rel_key: jax.Array | None = None, max_distance: int = 0,
+                   bias: jax.Array | None = None, mask: jax.Array | None = None,
+                   query_positions: jax.Array | None = None,
+                   key_positions: jax.Array | None = None,
+                   implementation: str = "xla") -> jax.Array:
+  """Attention through `jax.nn.dot_product_attention`, the a^K term gathered into its bias.
+
+  The path `relative_dot_product_attention` takes with implementation='cudnn': the a^K logits
+  q . rel_key[distance(i, j)] / sqrt(depth) ([batch, heads, q_len, kv_len]) are added to `bias`
+  and cast to the inputs' dtype. Without a^V this equals `relative_dot_product_attention` up to
+  that cast; on CPU it runs with implementation='xla' (tests, benchmarks).
+
+  Args:
+    query, key, value, rel_key, max_distance, bias, mask, query_positions, key_positions: as for
+      `relative_dot_product_attention`.
+    implementation: 'xla' or 'cudnn', passed to `jax.nn.dot_product_attention`.
+
+  Returns:
+    [batch, q_len, heads, depth] in query's dtype.
+  """
+  _check_inputs(query, key, rel_key, None, max_distance, query_positions, key_positions)
+  distances = None if rel_key is None else _distances(
+      query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
+  return _bias_attention(query, key, value, rel_key, distances, max_distance, bias, mask,
+                         implementation)
+
+
 def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                                    rel_key: jax.Array | None = None,
                                    rel_value: jax.Array | None = None, max_distance: int = 0,
@@ -481,7 +540,8 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
                                    query_positions: jax.Array | None = None,
                                    key_positions: jax.Array | None = None,
                                    dropout_rate: float = 0.0,
-                                   dropout_rng: jax.Array | None = None) -> jax.Array:
+                                   dropout_rng: jax.Array | None = None,
+                                   implementation: str = "auto") -> jax.Array:
   """Dot-product attention with relative position representations (Shaw et al. 2018).
 
   Args:
@@ -499,12 +559,15 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
     key_positions: None (0..kv_len-1), [kv_len] or [batch, kv_len] integer positions.
     dropout_rate: attention-weight dropout rate in [0, 1); applied only with a dropout_rng.
     dropout_rng: PRNG key for attention dropout, or None (no dropout).
+    implementation: 'xla' (the einsum path of this module), 'cudnn' (cuDNN's fused kernel via
+      `bias_attention`) or 'auto' (cuDNN where `cudnn_unsupported` finds no reason against it).
 
   Returns:
     [batch, q_len, heads, depth] in value's dtype.
 
   Raises:
-    ValueError: on inconsistent shapes, a negative max_distance or a bad dropout_rate.
+    ValueError: on inconsistent shapes, a negative max_distance, a bad dropout_rate, an unknown
+      implementation, or 'cudnn' where cuDNN cannot run the call (naming why).
   """
   if value.shape != key.shape:
     raise ValueError(f"value {value.shape} must have the shape of key {key.shape}.")
@@ -513,7 +576,9 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   _check_inputs(query, key, rel_key, rel_value, max_distance, query_positions, key_positions)
   attend = functools.partial(_attention, query, key, value, bias=bias, mask=mask,
                              query_positions=query_positions, key_positions=key_positions,
-                             dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+                             dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                             use_cudnn=_use_cudnn(implementation, query, key, value, rel_value,
+                                                  dropout_rate > 0.0 and dropout_rng is not None))
   # Distances longer than the sequences are never read when the positions span less than them:
   # the middle 2 * reach + 1 rows of each table then stand for all 2k + 1 (a k sweep to 256 on
   # sentences of 48 tokens would otherwise do its per-distance work 5 times over).
@@ -531,6 +596,24 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
                         _as_positions(key_positions, key.shape[1], "key_positions"))
   return jax.lax.cond(span <= reach, windowed,
                       lambda: attend(rel_key, rel_value, max_distance))
+
+
+def _use_cudnn(implementation: str, query: jax.Array, key: jax.Array, value: jax.Array,
+               rel_value: jax.Array | None, dropout: bool) -> bool:
+  """Whether `implementation` ('auto', 'xla', 'cudnn') takes cuDNN for this call.
+
+  Raises:
+    ValueError: an unknown implementation, or 'cudnn' where cuDNN cannot run the call.
+  """
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
+  if implementation == "xla":
+    return False
+  reason = cudnn_unsupported(query, key, value, rel_value=rel_value, dropout=dropout)
+  if implementation == "cudnn" and reason is not None:
+    raise ValueError(f"attention implementation 'cudnn' cannot run here: {reason} "
+                     f"(use 'auto' or 'xla').")
+  return reason is None
 
 
 def _middle_rows(table: jax.Array | None, max_distance: int, reach: int) -> jax.Array | None:
@@ -551,14 +634,14 @@ def _attention(query: jax.Array, key: jax.Array, value: jax.Array, rel_key: jax.
                rel_value: jax.Array | None, max_distance: int, *, bias: jax.Array | None,
                mask: jax.Array | None, query_positions: jax.Array | None,
                key_positions: jax.Array | None, dropout_rate: float,
-               dropout_rng: jax.Array | None) -> jax.Array:
+               dropout_rng: jax.Array | None, use_cudnn: bool) -> jax.Array:
   """`relative_dot_product_attention` on validated inputs: [batch, q_len, heads, depth]."""
   distances = None
   if rel_key is not None or rel_value is not None:
     distances = _distances(query_positions, key_positions, mask, query.shape[1], key.shape[1],
                            max_distance)
   dropout = dropout_rate > 0.0 and dropout_rng is not None
-  if _cudnn_applies(query, key, value, rel_value, dropout):
+  if use_cudnn:
     return _bias_attention(query, key, value, rel_key, distances, max_distance, bias, mask,
                            "cudnn")
   logits = _logits(_heads_first(query), _heads_first(key), rel_key, distances, max_distance,
@@ -656,12 +739,17 @@ class MultiHeadAttention(nnx.Module):
   `relative_tables`; 't5' adds the bias of `t5_bias`; 'rope' rotates queries and keys; 'alibi'
   adds -slope * |j - i| per head (causality comes from the mask). Cross-attention is built with
   position='none'.
+
+  Parameters are float32; `dtype` is the compute dtype of the projections, the attention
+  inputs and the decode cache (the logits and softmax stay float32). `implementation` chooses
+  the kernel ('auto', 'xla', 'cudnn'; see `relative_dot_product_attention`).
   """
 
   def __init__(self, num_heads: int, model_dim: int, *, qkv_dim: int, position: str = "none",
                relative_tables: RelativePositionTables | None = None,
                t5_bias: T5RelativeBias | None = None, rope_base: float = 10000.0,
-               dropout_rate: float = 0.0, rngs: nnx.Rngs):
+               dropout_rate: float = 0.0, dtype: Any = jnp.float32,
+               implementation: str = "auto", rngs: nnx.Rngs):
     if position not in POSITIONS:
       raise ValueError(f"position must be one of {POSITIONS}, got {position!r}.")
     if num_heads < 1 or qkv_dim % num_heads:
@@ -684,6 +772,8 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError(f"t5_bias.num_heads={t5_bias.num_heads} must equal num_heads={num_heads}.")
     if position == "rope" and head_dim % 2:
       raise ValueError(f"position='rope' needs an even head dim, got qkv_dim/num_heads={head_dim}.")
+    if implementation not in IMPLEMENTATIONS:
+      raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}.")
     self.num_heads = num_heads
     self.head_dim = head_dim
     self.position = position
@@ -691,21 +781,25 @@ class MultiHeadAttention(nnx.Module):
     self.t5_bias = t5_bias
     self.rope_base = rope_base
     self.dropout_rate = dropout_rate
+    self.dtype = dtype
+    self.implementation = implementation
     self.dropout_rngs = rngs.dropout.fork() if dropout_rate > 0.0 else None
 
     def projection(in_features: Any, out_features: Any, axis: Any) -> nnx.LinearGeneral:
       return nnx.LinearGeneral(in_features, out_features, axis=axis, use_bias=False,
-                               kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
+                               kernel_init=nnx.initializers.xavier_uniform(), dtype=dtype,
+                               param_dtype=jnp.float32, rngs=rngs)
 
     self.query = projection(model_dim, (num_heads, head_dim), -1)
     self.key = projection(model_dim, (num_heads, head_dim), -1)
     self.value = projection(model_dim, (num_heads, head_dim), -1)
     self.out = projection((num_heads, head_dim), model_dim, (-2, -1))
 
-  def init_cache(self, batch_size: int, max_len: int, dtype: Any = jnp.float32) -> Cache:
-    """A zero decode cache {'key', 'value'}: each [batch_size, max_len, heads, head_dim]."""
+  def init_cache(self, batch_size: int, max_len: int) -> Cache:
+    """A zero decode cache {'key', 'value'}: each [batch_size, max_len, heads, head_dim] in the
+    compute dtype."""
     shape = (batch_size, max_len, self.num_heads, self.head_dim)
-    return {"key": jnp.zeros(shape, dtype), "value": jnp.zeros(shape, dtype)}
+    return {"key": jnp.zeros(shape, self.dtype), "value": jnp.zeros(shape, self.dtype)}
 
   def _project(self, inputs_q: jax.Array, inputs_kv: jax.Array, query_positions: jax.Array,
                key_positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -797,6 +891,7 @@ class MultiHeadAttention(nnx.Module):
     out = relative_dot_product_attention(
         query, key, value, mask=mask, dropout_rate=self.dropout_rate,
         dropout_rng=self.dropout_rngs() if dropout else None,
+        implementation=self.implementation,
         **self._position_terms(query_positions, key_positions))
     return self.out(out)
 

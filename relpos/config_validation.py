@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ml_collections
+from absl import logging
 
 from relpos import model as model_lib
 
@@ -87,6 +88,7 @@ RULES: dict[str, Rule] = {
     "task.synthetic.long_min_words": integer(1),
     "task.synthetic.long_max_words": integer(1),
     "train.batch_size": integer(1),
+    "train.grad_accumulation_steps": integer(1),
     "train.num_steps": integer(1),
     "train.learning_rate": number(0.0, open_min=True),
     "train.warmup_steps": integer(1),
@@ -100,6 +102,7 @@ RULES: dict[str, Rule] = {
     "train.max_skipped_fraction": number(0.0, 1.0),
     "train.log_every_steps": integer(1),
     "train.eval_every_steps": integer(1),
+    "train.early_stopping_patience": integer(0),
     "train.checkpoint_every_steps": integer(1),
     "train.keep_checkpoints": integer(1),
     "train.eval_batch_size": integer(1),
@@ -107,6 +110,14 @@ RULES: dict[str, Rule] = {
     "decode.alpha": number(0.0),
     "decode.max_decode_len": integer(0),
     "decode.validation_bleu": BOOLEAN,
+}
+
+# Fields added after runs were saved, with the value that reproduces those runs: a config.json
+# written before a field existed gets it (with a warning) instead of failing to load.
+DEFAULTS: dict[str, Any] = {
+    "train.grad_accumulation_steps": 1,
+    "train.early_stopping_patience": 0,
+    "train.max_skipped_fraction": 1.0,
 }
 
 # Sections whose every field has a rule above (other `task.*` fields belong to the data code).
@@ -120,6 +131,17 @@ def _get(config: ml_collections.ConfigDict, path: str) -> Any:
       raise ValueError(f"config field {path} is missing.")
     node = node[name]
   return node
+
+
+def _fill_defaults(config: ml_collections.ConfigDict) -> None:
+  """Sets each missing field of `DEFAULTS` to its default, with a warning."""
+  for path, value in DEFAULTS.items():
+    section, name = path.split(".")
+    if section in config and name not in config[section]:
+      logging.warning("config field %s is missing (a config written before it existed): using "
+                      "%r.", path, value)
+      with config.unlocked():
+        config[section][name] = value
 
 
 def _check_rules(config: ml_collections.ConfigDict) -> None:
@@ -153,12 +175,16 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.TransformerConfig:
   Args:
     config: the full config (seed, task, model, train, decode).
 
+  Missing fields of `DEFAULTS` are set to their defaults first (a config.json written before
+  they existed).
+
   Returns:
     The model config built from `config.model` and `config.task.vocab_size`.
 
   Raises:
     ValueError: naming the first invalid field, its value and the allowed values.
   """
+  _fill_defaults(config)
   _check_rules(config)
   _check_ranges(config)
   return model_lib.TransformerConfig.from_config(config.model, config.task.vocab_size)

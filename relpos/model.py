@@ -10,12 +10,19 @@
   alibi     linear distance bias in self-attention
   none      no position information at all
 
+Parameters are float32; `dtype` ('float32', 'bfloat16', 'float16') is the compute dtype of
+activations, matmuls and the decode cache, while layer-norm statistics, attention logits and
+softmax, the output logits and the loss stay float32 (mixed precision as in t5x and flax's wmt
+example). `attention_implementation` chooses the attention kernel ('auto', 'xla', 'cudnn').
+
 Cross-attention never sees positions. Positions come from per-token position arrays (default
 0..n-1), and attention masks from segment ids, so a packed batch gives the same outputs as its
 sentences one by one. Token 0 is padding.
 """
 import dataclasses
 from typing import Any
+
+from absl import logging
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +35,7 @@ from relpos import positions as positions_lib
 PAD_ID = 0
 POSITIONS = attention.POSITIONS
 ABSOLUTE_TYPES = ("sinusoidal", "learned")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 DecodeCache = list[attention.Cache]
 
@@ -76,6 +84,9 @@ class TransformerConfig:
   t5_max_distance: int
   t5_shared_across_layers: bool
   rope_base: float
+  # Fields added after runs were published: a config.json without them takes these defaults.
+  dtype: str = "float32"
+  attention_implementation: str = "auto"
 
   def __post_init__(self):
     self._check_fields()
@@ -108,6 +119,11 @@ class TransformerConfig:
     if not (isinstance(self.rope_base, (int, float)) and not isinstance(self.rope_base, bool)
             and self.rope_base > 0):
       raise _invalid("rope_base", self.rope_base, "a number > 0")
+    if self.dtype not in DTYPES:
+      raise _invalid("dtype", self.dtype, f"one of {', '.join(map(repr, DTYPES))}")
+    if self.attention_implementation not in attention.IMPLEMENTATIONS:
+      raise _invalid("attention_implementation", self.attention_implementation,
+                     f"one of {', '.join(map(repr, attention.IMPLEMENTATIONS))}")
 
   def _check_combinations(self) -> None:
     """Rules between fields."""
@@ -134,11 +150,37 @@ class TransformerConfig:
       if self.t5_max_distance <= self.t5_num_buckets // 2:
         raise _invalid("t5_max_distance", self.t5_max_distance,
                        f"an integer > model.t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
+    if self.attention_implementation == "cudnn":
+      self._check_cudnn()
+
+  def _check_cudnn(self) -> None:
+    """What cuDNN's fused attention needs of the whole model (shapes are checked per call)."""
+    def invalid(name: str, value: Any, allowed: str) -> ValueError:
+      return _invalid(name, value, f"{allowed} under model.attention_implementation='cudnn' "
+                                   f"(or use 'auto', which falls back to XLA)")
+    if jax.default_backend() != "gpu":
+      raise invalid("attention_implementation", "cudnn",
+                    f"a GPU backend, not {jax.default_backend()!r},")
+    if self.dtype == "float32":
+      raise invalid("dtype", self.dtype, "'bfloat16' or 'float16'")
+    if self.position == "relative" and self.relative_value:
+      raise invalid("relative_value", self.relative_value, "False (cuDNN cannot add a^V)")
+    if self.attention_dropout_rate > 0:
+      raise invalid("attention_dropout_rate", self.attention_dropout_rate, "0")
+    if self.head_dim % 8 or self.head_dim > 128:
+      raise invalid("qkv_dim", self.qkv_dim,
+                    "a value giving a head depth (qkv_dim / num_heads) that is a multiple of 8 "
+                    "and at most 128")
 
   @property
   def head_dim(self) -> int:
     """Per-head depth qkv_dim // num_heads."""
     return self.qkv_dim // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    """The jnp dtype of `dtype`."""
+    return DTYPES[self.dtype]
 
   @property
   def uses_absolute(self) -> bool:
@@ -150,16 +192,26 @@ class TransformerConfig:
                   vocab_size: int) -> "TransformerConfig":
     """Builds the config from `config.model` and the vocabulary size.
 
+    A field with a default (one added after runs were saved) may be missing: it takes its
+    default, with a warning.
+
     Raises:
       ValueError: on missing or unknown fields in model_cfg, or any invalid value.
     """
-    names = [field.name for field in dataclasses.fields(cls) if field.name != "vocab_size"]
-    missing = [name for name in names if name not in model_cfg]
+    fields = [field for field in dataclasses.fields(cls) if field.name != "vocab_size"]
+    names = [field.name for field in fields]
+    defaults = {field.name: field.default for field in fields
+                if field.default is not dataclasses.MISSING and field.name not in model_cfg}
+    missing = [name for name in names if name not in model_cfg and name not in defaults]
     unknown = sorted(set(model_cfg.keys()) - set(names))
     if missing or unknown:
       raise ValueError(f"config.model has missing fields {missing} and unknown fields {unknown}; "
                        f"its fields are: {', '.join(names)}.")
-    return cls(vocab_size=vocab_size, **{name: model_cfg[name] for name in names})
+    for name, value in defaults.items():
+      logging.warning("config.model.%s is missing (a config written before it existed): using "
+                      "the default %r.", name, value)
+    values = {name: model_cfg[name] for name in names if name in model_cfg}
+    return cls(vocab_size=vocab_size, **values, **defaults)
 
 
 class AbsolutePositionEncoding(nnx.Module):
@@ -187,13 +239,21 @@ class MlpBlock(nnx.Module):
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.xavier_uniform()
-    self.wi = nnx.Linear(config.emb_dim, config.mlp_dim, kernel_init=init, rngs=rngs)
-    self.wo = nnx.Linear(config.mlp_dim, config.emb_dim, kernel_init=init, rngs=rngs)
+    self.wi = nnx.Linear(config.emb_dim, config.mlp_dim, kernel_init=init,
+                         dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
+    self.wo = nnx.Linear(config.mlp_dim, config.emb_dim, kernel_init=init,
+                         dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     """[batch, n, emb_dim] -> [batch, n, emb_dim]."""
     return self.wo(self.dropout(nnx.relu(self.wi(x)), deterministic=deterministic))
+
+
+def _layer_norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  """LayerNorm whose statistics are float32 and whose output is in the compute dtype."""
+  return nnx.LayerNorm(config.emb_dim, dtype=config.compute_dtype, param_dtype=jnp.float32,
+                       rngs=rngs)
 
 
 class Residual(nnx.Module):
@@ -205,7 +265,7 @@ class Residual(nnx.Module):
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.pre_layer_norm = config.pre_layer_norm
-    self.norm = nnx.LayerNorm(config.emb_dim, rngs=rngs)
+    self.norm = _layer_norm(config, rngs)
     self.dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
 
   def sublayer_input(self, x: jax.Array) -> jax.Array:
@@ -224,7 +284,8 @@ def _attention(config: TransformerConfig, position: str, *, rngs: nnx.Rngs,
   """A MultiHeadAttention layer; position_modules: relative_tables= or t5_bias= instances."""
   return attention.MultiHeadAttention(
       config.num_heads, config.emb_dim, qkv_dim=config.qkv_dim, position=position,
-      rope_base=config.rope_base, dropout_rate=config.attention_dropout_rate, rngs=rngs,
+      rope_base=config.rope_base, dropout_rate=config.attention_dropout_rate,
+      dtype=config.compute_dtype, implementation=config.attention_implementation, rngs=rngs,
       **position_modules)
 
 
@@ -335,13 +396,13 @@ class _Stack(nnx.Module):
     self.embed = embed
     self.absolute = AbsolutePositionEncoding(config, rngs=rngs) if config.uses_absolute else None
     self.embed_dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
-    self.final_norm = nnx.LayerNorm(config.emb_dim, rngs=rngs) if config.pre_layer_norm else None
+    self.final_norm = _layer_norm(config, rngs) if config.pre_layer_norm else None
 
   def embed_tokens(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
     """Token embeddings [batch, n, emb_dim] (+ absolute encodings of positions [b or 1, n])."""
     x = self.embed(tokens)
     if self.absolute is not None:
-      x = x + self.absolute(positions)
+      x = x + self.absolute(positions).astype(x.dtype)
     return self.embed_dropout(x, deterministic=deterministic)
 
   def _final(self, x: jax.Array) -> jax.Array:
@@ -380,7 +441,8 @@ class Decoder(_Stack):
             rngs=rngs)])
     self.logits = (None if config.logits_via_embedding else
                    nnx.Linear(config.emb_dim, config.vocab_size,
-                              kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs))
+                              kernel_init=nnx.initializers.xavier_uniform(),
+                              dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs))
 
   def __call__(self, encoded: jax.Array, tokens: jax.Array, *, positions: jax.Array,
                self_mask: jax.Array | None, cross_mask: jax.Array, deterministic: bool,
@@ -402,12 +464,20 @@ class Decoder(_Stack):
                              positions=positions, deterministic=deterministic,
                              cache=layer_cache, cache_index=cache_index)
       new_cache.append(layer_cache)
-    x = self._final(x)
+    return self._logits(self._final(x)), None if cache is None else new_cache
+
+  def _logits(self, x: jax.Array) -> jax.Array:
+    """float32 logits [batch, t, vocab] of x [batch, t, emb_dim] (products accumulated in
+    float32 whatever the compute dtype)."""
     if self.logits is None:
-      logits = self.embed.attend(x) / jnp.sqrt(jnp.float32(x.shape[-1]))
-    else:
-      logits = self.logits(x)
-    return logits, None if cache is None else new_cache
+      table = self.embed.embedding[...].astype(x.dtype)
+      # [b, t, d] x [vocab, d] -> [b, t, vocab]
+      logits = jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+      return logits / jnp.sqrt(jnp.float32(x.shape[-1]))
+    kernel = self.logits.kernel[...].astype(x.dtype)
+    # [b, t, d] x [d, vocab] -> [b, t, vocab]
+    logits = jnp.einsum("btd,dv->btv", x, kernel, preferred_element_type=jnp.float32)
+    return logits + self.logits.bias[...]
 
 
 def _default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
@@ -450,7 +520,8 @@ class Transformer(nnx.Module):
 
     def embedding() -> nnx.Embed:
       return nnx.Embed(config.vocab_size, config.emb_dim,
-                       embedding_init=nnx.initializers.normal(stddev=1.0), rngs=rngs)
+                       embedding_init=nnx.initializers.normal(stddev=1.0),
+                       dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs)
 
     source_embed = embedding()
     target_embed = source_embed if config.share_embeddings else embedding()
@@ -472,7 +543,7 @@ class Transformer(nnx.Module):
       deterministic: disables dropout.
 
     Returns:
-      float32 [batch, s, emb_dim].
+      [batch, s, emb_dim] in the compute dtype.
     """
     segmentation = _segmentation(inputs, inputs_segmentation)
     return self.encoder(inputs, positions=_default_positions(inputs, inputs_positions),
@@ -487,7 +558,7 @@ class Transformer(nnx.Module):
     """Teacher-forced decoder: the logits of every target token given the ones before it.
 
     Args:
-      encoded: float32 [batch, s, emb_dim] from `encode`.
+      encoded: [batch, s, emb_dim] from `encode`.
       inputs: int32 [batch, s] source tokens (for the cross-attention padding mask).
       targets: int32 [batch, t]; shifted right within each segment internally.
       targets_positions: int32 [batch, t], default 0..t-1.
@@ -544,7 +615,7 @@ class Transformer(nnx.Module):
     Equals `decode(...)[:, step]` when tokens are the targets before `step` fed one by one.
 
     Args:
-      encoded: float32 [n, s, emb_dim].
+      encoded: [n, s, emb_dim].
       inputs: int32 [n, s] source tokens (padding mask).
       tokens: int32 [n], the token at position step - 1 (0 at step 0).
       step: int32 scalar, the position being predicted (the query's position).

@@ -14,6 +14,12 @@ The train state is a dict of pure pytrees, the layout checkpoints hold:
   rng          the model's RNG streams (nnx.RngState: dropout key and count)
   opt_state    optax state
   num_skipped  int32 []: updates skipped for a non-finite loss or gradient
+  loss_scale   only under model.dtype='float16': {"scale": float32 [], "good_steps": int32 []},
+               the dynamic loss scale (see `update_loss_scale`)
+
+Under `model.dtype` bfloat16 or float16 the parameters, optimizer state, logits and loss stay
+float32; float16's narrow range needs the loss scaled up before differentiation (gradients of
+small activations would flush to zero) and the gradients scaled back down.
 """
 import functools
 import json
@@ -118,6 +124,27 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, *,
   return jnp.sum(loss * weights), jnp.sum(weights)
 
 
+# Dynamic loss scaling (float16): start high, halve on an overflow (the update is skipped),
+# double after LOSS_SCALE_PERIOD updates without one, as in PyTorch's GradScaler and jmp.
+INITIAL_LOSS_SCALE = 2.0 ** 15
+LOSS_SCALE_PERIOD = 2000
+
+
+def initial_loss_scale() -> dict[str, jax.Array]:
+  return {"scale": jnp.asarray(INITIAL_LOSS_SCALE, jnp.float32),
+          "good_steps": jnp.zeros((), jnp.int32)}
+
+
+def update_loss_scale(loss_scale: dict[str, jax.Array],
+                      grads_finite: jax.Array) -> dict[str, jax.Array]:
+  """The loss scale after an update whose unscaled gradients were finite or not."""
+  good_steps = jnp.where(grads_finite, loss_scale["good_steps"] + 1, 0)
+  grow = good_steps >= LOSS_SCALE_PERIOD
+  scale = jnp.where(grads_finite, jnp.where(grow, loss_scale["scale"] * 2.0, loss_scale["scale"]),
+                    jnp.maximum(loss_scale["scale"] / 2.0, 1.0))
+  return {"scale": scale, "good_steps": jnp.where(grow, 0, good_steps)}
+
+
 # --- model and state ---------------------------------------------------------------------------
 
 
@@ -125,8 +152,11 @@ def init_train_state(model_config: model_lib.TransformerConfig,
                      optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
   """A fresh train state (see the module docstring for its layout) from an int seed."""
   _, params, rng = checkpoints.split_model(checkpoints.build_model(model_config, seed))
-  return {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
-          "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+  state = {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
+           "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+  if model_config.dtype == "float16":
+    state["loss_scale"] = initial_loss_scale()
+  return state
 
 
 def model_from_state(graphdef: nnx.GraphDef, state: TrainState) -> model_lib.Transformer:
@@ -144,9 +174,56 @@ def _model_kwargs(batch: Batch) -> dict[str, jax.Array]:
           "targets_segmentation": batch["targets_segmentation"]}
 
 
+def micro_batches(batch: Batch, count: int) -> Batch:
+  """The batch [rows, length] as `count` micro-batches [count, rows / count, length].
+
+  Micro-batch j holds rows j, j + count, j + 2 * count, ...: each device's contiguous block of
+  rows splits into `count` parts of its own, so no row moves between devices.
+  """
+  return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, count, *x.shape[1:]), 0, 1), batch)
+
+
+def _gradients(params: Any, rng: Any, batch: Batch, *, graphdef: nnx.GraphDef,
+               label_smoothing: float, accumulation_steps: int,
+               loss_scale: jax.Array | None) -> tuple[jax.Array, Any, Any]:
+  """(loss per target token, its gradient, the RNG streams after dropout) of a global batch.
+
+  With `accumulation_steps` > 1 the batch is split by `micro_batches` and the gradients summed
+  over a `lax.scan`: each micro-batch's loss sum is divided by the whole batch's token count, so
+  the result is the gradient of the same mean loss, with the activations of one micro-batch in
+  memory at a time. Under a float16 `loss_scale` the loss is differentiated scaled and the
+  gradient scaled back.
+  """
+  tokens = jnp.sum((batch["targets"] != tokenizer_lib.PAD_ID).astype(jnp.float32))
+
+  def loss_fn(params, rng, micro):
+    model = nnx.merge(graphdef, params, rng)
+    logits = model(micro["inputs"], micro["targets"], deterministic=False, **_model_kwargs(micro))
+    loss_sum, _ = cross_entropy(logits, micro["targets"], label_smoothing=label_smoothing)
+    loss = loss_sum / tokens
+    scaled = loss if loss_scale is None else loss * loss_scale
+    return scaled, (loss, nnx.to_pure_dict(nnx.state(model, nnx.RngState)))
+
+  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+  if accumulation_steps == 1:
+    (_, (loss, rng)), grads = value_and_grad(params, rng, batch)
+  else:
+    def accumulate(carry, micro):
+      loss, grads, rng = carry
+      (_, (micro_loss, rng)), micro_grads = value_and_grad(params, rng, micro)
+      return (loss + micro_loss, jax.tree.map(jnp.add, grads, micro_grads), rng), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (loss, grads, rng), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, rng),
+                                         micro_batches(batch, accumulation_steps))
+  if loss_scale is not None:
+    grads = jax.tree.map(lambda grad: grad / loss_scale, grads)
+  return loss, grads, rng
+
+
 def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-               optimizer: optax.GradientTransformation,
-               label_smoothing: float) -> tuple[TrainState, dict[str, jax.Array]]:
+               optimizer: optax.GradientTransformation, label_smoothing: float,
+               accumulation_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
   """One update on a global batch. Not applied when the loss, the gradient or the updated
   parameters are not finite (parameters whose global norm overflows float32 count as not
   finite: an exploded update).
@@ -157,18 +234,19 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
     graphdef: the model structure.
     optimizer: from `make_optimizer`.
     label_smoothing: of the training loss.
+    accumulation_steps: micro-batches the gradient is accumulated over (`train.grad_accumulation
+      _steps`; rows must divide by it times the device count).
 
   Returns:
     The new state and float32 scalars loss (per target token), grad_norm, param_norm (of the
-    updated parameters) and finite (1.0 when the update was applied, 0.0 when skipped).
+    updated parameters) and finite (0.0 when the loss, gradient or updated parameters were
+    non-finite for a reason other than a float16 loss-scale overflow, which only lowers the
+    scale; the update is skipped either way).
   """
-  def loss_fn(params):
-    model = nnx.merge(graphdef, params, state["rng"])
-    logits = model(batch["inputs"], batch["targets"], deterministic=False, **_model_kwargs(batch))
-    loss_sum, weight_sum = cross_entropy(logits, batch["targets"], label_smoothing=label_smoothing)
-    return loss_sum / weight_sum, nnx.to_pure_dict(nnx.state(model, nnx.RngState))
-
-  (loss, rng), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+  loss_scale = state["loss_scale"]["scale"] if "loss_scale" in state else None
+  loss, grads, rng = _gradients(state["params"], state["rng"], batch, graphdef=graphdef,
+                                label_smoothing=label_smoothing,
+                                accumulation_steps=accumulation_steps, loss_scale=loss_scale)
   grad_norm = optax.global_norm(grads)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
@@ -179,6 +257,10 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                "params": keep_if_finite(params, state["params"]),
                "opt_state": keep_if_finite(opt_state, state["opt_state"]),
                "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
+  if loss_scale is not None:
+    new_state["loss_scale"] = update_loss_scale(state["loss_scale"], jnp.isfinite(grad_norm))
+    # An overflow of the scaled gradient only lowers the scale.
+    finite = jnp.isfinite(loss) & (jnp.isfinite(param_norm) | ~jnp.isfinite(grad_norm))
   return new_state, {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
                      "finite": finite.astype(jnp.float32)}
 
@@ -222,7 +304,8 @@ class Steps:
                         out_shardings=self.replicated)
     self.train = jax.jit(
         functools.partial(train_step, graphdef=self.graphdef, optimizer=optimizer,
-                          label_smoothing=train_config.label_smoothing),
+                          label_smoothing=train_config.label_smoothing,
+                          accumulation_steps=train_config.grad_accumulation_steps),
         in_shardings=(self.replicated, self.batch_sharding),
         out_shardings=(self.replicated, self.replicated), donate_argnums=0)
     self.eval = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
@@ -238,7 +321,7 @@ class Steps:
 
 # The `train.*` fields the compiled steps depend on (not, e.g., num_steps or the intervals).
 STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
-               "weight_decay", "grad_clip_norm", "label_smoothing")
+               "weight_decay", "grad_clip_norm", "label_smoothing", "grad_accumulation_steps")
 
 
 def get_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
@@ -320,6 +403,11 @@ def check_divisible(config: ml_collections.ConfigDict) -> None:
     if value % jax.device_count():
       raise ValueError(f"config field train.{field}={value} must be divisible by the number of "
                        f"devices ({jax.device_count()}).")
+  micro = config.train.grad_accumulation_steps * jax.device_count()
+  if config.train.batch_size % micro:
+    raise ValueError(f"config field train.batch_size={config.train.batch_size} must be divisible "
+                     f"by train.grad_accumulation_steps={config.train.grad_accumulation_steps} "
+                     f"times the number of devices ({jax.device_count()}).")
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -484,7 +572,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     workdir: folder of the run; created when missing, resumed from when it holds checkpoints.
 
   Returns:
-    {"step", "preempted", "train": last train summary, "validation": last validation metrics}.
+    {"step", "preempted", "early_stopped", "train": last train summary, "validation": last
+    validation metrics}.
 
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
@@ -493,7 +582,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
-    NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
+    NonFiniteError: a non-finite loss, gradient or updated parameters with
+      `train.nonfinite='raise'`; with 'skip', more than `train.max_skipped_fraction` of the
+      steps skipped.
   """
   model_config = config_validation.validate(config)
   check_divisible(config)
@@ -536,6 +627,25 @@ def _initial_state(config: ml_collections.ConfigDict, steps: Steps,
   return state
 
 
+def evaluations_since_best(validation: list[dict[str, Any]]) -> int:
+  """How many evaluations came after the best one (by `checkpoints.best_metric`: validation BLEU,
+  else minus the loss); 0 when the last one is the best or there is none."""
+  best, since = None, 0
+  for metrics in validation:
+    quality = checkpoints.best_metric(metrics)
+    if best is None or quality > best:
+      best, since = quality, 0
+    else:
+      since += 1
+  return since
+
+
+def _validation_history(workdir: str, up_to_step: int) -> list[dict[str, Any]]:
+  """The validation metrics metrics.jsonl holds for steps up to `up_to_step`, in order."""
+  return [record for record in metrics_writer.read_metrics(workdir)
+          if record["split"] == VALIDATION_SPLIT and record["step"] <= up_to_step]
+
+
 def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
   """Split -> the metrics of its last record in metrics.jsonl (without step and split)."""
   last = {}
@@ -558,13 +668,17 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
 
   Train metrics are logged every `log_every_steps` and at every checkpoint, so a run resumed
-  from a checkpoint averages over the same intervals as an uninterrupted one.
+  from a checkpoint averages over the same intervals as an uninterrupted one. With
+  `train.early_stopping_patience` = P > 0 the run stops (saved, `early_stopped: True`) at the
+  first evaluation that is the P-th in a row without a better validation BLEU.
   """
   train_config = config.train
   first, last = int(state["step"]), train_config.num_steps
   schedule = learning_rate_schedule(train_config)
   last_records = _last_records(workdir)
-  result = {"step": first, "preempted": False, "train": last_records.get("train", {}),
+  validation_history = _validation_history(workdir, first)
+  result = {"step": first, "preempted": False, "early_stopped": False,
+            "train": last_records.get("train", {}),
             "validation": last_records.get(VALIDATION_SPLIT, {})}
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
@@ -585,9 +699,16 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
       if evaluate_now:
         eval_metrics = result["validation"] = _validate(config, task, steps, state)
         writer.write(step, VALIDATION_SPLIT, eval_metrics)
+        validation_history.append(eval_metrics)
       if save_now:
         checkpoints.save(manager, state, train_iterator, metrics=_checkpoint_metrics(eval_metrics))
       result["step"] = step
+      patience = train_config.early_stopping_patience
+      if evaluate_now and patience and evaluations_since_best(validation_history) >= patience:
+        logging.warning("Early stop at step %d: %d evaluations without a better validation %s.",
+                        step, patience, "BLEU" if "bleu" in eval_metrics else "loss")
+        result["early_stopped"] = True
+        break
       if preempted:
         logging.warning("Preempted: saved step %d to %s.", step, manager.directory)
         result["preempted"] = True

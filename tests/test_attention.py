@@ -3,12 +3,14 @@ the additive-bias path, and the NNX MultiHeadAttention (cached decoding, shift i
 import json
 import math
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.extend import core as jax_core
 
 from relpos import attention
 from relpos import positions
@@ -282,7 +284,7 @@ def test_no_query_key_depth_tensor_is_built():
   def collect(jaxpr):
     for eqn in jaxpr.eqns:
       shapes.extend(tuple(v.aval.shape) for v in eqn.outvars)
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in jax_core.jaxprs_in_params(eqn.params):
         collect(sub)
 
   collect(jaxpr.jaxpr)
@@ -475,3 +477,95 @@ def test_invalid_module_arguments():
     module(x, cache=cache)
   with pytest.raises(ValueError, match="inputs_q"):
     module(jnp.ones((1, 2, 8)), cache=cache, cache_index=0)
+
+
+def _bias_path_cases():
+  """(name, attention kwargs) for the variants the bias path serves: a^K alone, T5, ALiBi, plain;
+  causal and padded, sequential and packed positions."""
+  positions_ = jnp.array([[0, 1, 2, 3, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5, 0, 0]])
+  segments = jnp.array([[1, 1, 1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1, 0, 0]])
+  packed = (segments[:, None, :, None] == segments[:, None, None, :])
+  causal = packed & jnp.tril(jnp.ones((8, 8), bool))
+  arange = jnp.arange(8)[None]
+  return [
+      ("rel_k", {"rel_key": _normal(20, (5, 8)), "max_distance": 2, "mask": causal}),
+      ("rel_k_packed", {"rel_key": _normal(21, (2, 5, 8)), "max_distance": 2, "mask": packed,
+                        "query_positions": positions_, "key_positions": positions_}),
+      ("t5", {"bias": _normal(22, (1, 2, 8, 8)), "mask": causal}),
+      ("alibi", {"bias": positions.alibi_bias(arange, arange, positions.alibi_slopes(2)),
+                 "mask": packed}),
+      ("plain", {"mask": packed}),
+  ]
+
+
+@pytest.mark.parametrize("name,kwargs", _bias_path_cases())
+def test_bias_path_equals_the_xla_path(name, kwargs):
+  inputs = _random_inputs(30, 2, 8, 8, 2, 8, 0, False, "")
+  args = (inputs["query"], inputs["key"], inputs["value"])
+  folded = attention.bias_attention(*args, **kwargs, implementation="xla")
+  plain = attention.relative_dot_product_attention(*args, **kwargs, implementation="xla")
+  np.testing.assert_allclose(folded, plain, err_msg=name, **TOL)
+  # In bfloat16 the folded bias is rounded to bfloat16 too (as cuDNN receives it).
+  low = [x.astype(jnp.bfloat16) for x in args]
+  folded = attention.bias_attention(*low, **kwargs, implementation="xla")
+  assert folded.dtype == jnp.bfloat16
+  np.testing.assert_allclose(folded.astype(jnp.float32), plain, atol=0.06, err_msg=name)
+
+
+def test_auto_is_xla_where_cudnn_cannot_run():
+  inputs = _random_inputs(31, 2, 8, 8, 2, 8, 2, False, "key+value")
+  auto = attention.relative_dot_product_attention(**inputs, max_distance=2)
+  xla = attention.relative_dot_product_attention(**inputs, max_distance=2, implementation="xla")
+  np.testing.assert_array_equal(auto, xla)
+
+
+@pytest.mark.parametrize("dtype,terms,dropout,depth,length,reason", [
+    (jnp.bfloat16, "", False, 8, 8, "needs a GPU"),  # this CPU
+    (jnp.float32, "", False, 8, 8, "float16 or bfloat16"),
+    (jnp.bfloat16, "value", False, 8, 8, "a^V"),
+    (jnp.bfloat16, "", True, 8, 8, "dropout"),
+    (jnp.bfloat16, "", False, 12, 8, "multiple of 8"),
+    (jnp.bfloat16, "", False, 8, 7, "even lengths"),
+])
+def test_cudnn_says_why_it_cannot_run(monkeypatch, dtype, terms, dropout, depth, length, reason):
+  if reason != "needs a GPU":  # the other reasons, as a GPU would see them
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  inputs = _random_inputs(32, 1, length, length, 2, depth, 1, False, terms)
+  query, key, value = (inputs[name].astype(dtype) for name in ("query", "key", "value"))
+  found = attention.cudnn_unsupported(query, key, value, rel_value=inputs["rel_value"],
+                                      dropout=dropout)
+  assert reason in found
+  with pytest.raises(ValueError, match=f"'cudnn' cannot run here: .*{re.escape(reason)}"):
+    attention.relative_dot_product_attention(
+        query, key, value, rel_value=inputs["rel_value"], max_distance=1,
+        dropout_rate=0.1 if dropout else 0.0,
+        dropout_rng=jax.random.key(0) if dropout else None, implementation="cudnn")
+
+
+def test_cudnn_accepts_a_half_precision_decode_step(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  query = jnp.zeros((2, 1, 2, 8), jnp.bfloat16)
+  key = jnp.zeros((2, 10, 2, 8), jnp.bfloat16)
+  assert attention.cudnn_unsupported(query, key, key) is None
+
+
+def test_unknown_implementation_raises():
+  inputs = _random_inputs(33, 1, 4, 4, 2, 4, 0, False, "")
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    attention.relative_dot_product_attention(inputs["query"], inputs["key"], inputs["value"],
+                                             implementation="flash")
+  with pytest.raises(ValueError, match="implementation must be one of"):
+    attention.MultiHeadAttention(2, 8, qkv_dim=8, implementation="flash", rngs=nnx.Rngs(0))
+
+
+def test_bfloat16_module_keeps_float32_parameters_and_a_bfloat16_cache():
+  module = attention.MultiHeadAttention(2, 16, qkv_dim=16, position="relative",
+                                        relative_tables=attention.RelativePositionTables(
+                                            2, 8, rngs=nnx.Rngs(0)),
+                                        dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  params = nnx.state(module, nnx.Param)
+  assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  cache = module.init_cache(2, 6)
+  assert cache["key"].dtype == cache["value"].dtype == jnp.bfloat16
+  out, cache = module(_normal(34, (2, 1, 16)), cache=cache, cache_index=0)
+  assert out.dtype == jnp.bfloat16 and cache["key"].dtype == jnp.bfloat16

@@ -9,6 +9,7 @@ from ml_collections import config_flags
 from configs import ablation
 from configs import default
 from configs import multi30k
+from configs import multi30k_gpu
 from configs import tiny
 from configs import wmt14_base
 from relpos import config_validation
@@ -30,7 +31,8 @@ INVALID = {
     "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.adam_b1": 1.0,
     "train.adam_b2": -0.1, "train.adam_eps": 0.0, "train.weight_decay": -1.0,
     "train.label_smoothing": 1.0, "train.grad_clip_norm": math.inf, "train.nonfinite": "ignore",
-    "train.max_skipped_fraction": 1.5,
+    "train.max_skipped_fraction": 1.5, "train.grad_accumulation_steps": 0,
+    "train.early_stopping_patience": -1,
     "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
     "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
     "decode.alpha": -0.5, "decode.max_decode_len": -1, "decode.validation_bleu": "yes",
@@ -97,8 +99,8 @@ def test_unknown_and_missing_fields():
 
 
 def test_default_configs_are_valid():
-  for get_config in (default.get_config, multi30k.get_config, wmt14_base.get_config,
-                     tiny.get_config):
+  for get_config in (default.get_config, multi30k.get_config, multi30k_gpu.get_config,
+                     wmt14_base.get_config, tiny.get_config):
     model_config = config_validation.validate(get_config())
     assert model_config.vocab_size == get_config().task.vocab_size
 
@@ -117,6 +119,19 @@ def test_wmt14_base_is_the_paper_base_model():
   assert config.task.name == "wmt14"
 
 
+def test_multi30k_gpu_is_the_transformer_tiny_recipe():
+  config = multi30k_gpu.get_config()
+  model, train = config.model, config.train
+  assert (model.num_encoder_layers, model.num_decoder_layers) == (4, 4)
+  assert (model.emb_dim, model.mlp_dim, model.num_heads) == (128, 256, 4)
+  assert (model.dropout_rate, model.attention_dropout_rate, train.label_smoothing) == (
+      0.3, 0.0, 0.1)
+  assert (train.learning_rate, train.warmup_steps, train.batch_size) == (0.005, 2000, 64)
+  assert (config.task.vocab_size, config.task.spm_model_type) == (10000, "bpe")
+  assert (model.dtype, model.attention_implementation) == ("bfloat16", "auto")
+  assert (config.decode.beam_size, config.task.name) == (5, "multi30k")
+
+
 @pytest.mark.parametrize("row,expected", [
     ("abs", {"position": "absolute", "add_absolute": False}),
     ("rel_kv", {"position": "relative", "relative_key": True, "relative_value": True}),
@@ -130,10 +145,10 @@ def test_wmt14_base_is_the_paper_base_model():
     ("k=4", {"position": "relative", "max_relative_position": 4, "add_absolute": False}),
 ])
 def test_ablation_rows(row, expected):
-  for task in ("synthetic", "multi30k", "wmt14"):
-    config = ablation.get_config(f"{row},{task}")
+  for base in ("synthetic", "multi30k", "multi30k_gpu", "wmt14"):
+    config = ablation.get_config(f"{row},{base}")
     assert {k: config.model[k] for k in expected} == expected
-    assert config.task.name == task
+    assert base.startswith(config.task.name)
     config_validation.validate(config)
   assert ablation.get_config(row).task.name == "synthetic"
 
@@ -146,7 +161,7 @@ def test_k_grid_is_the_papers():
 
 @pytest.mark.parametrize("string,message", [
     ("rel_q", "unknown ablation row 'rel_q'; allowed: abs, rel_kv"),
-    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, wmt14"),
+    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, wmt14"),
     ("k=x", "k must be a non-negative integer"),
     ("rel_kv,synthetic,extra", "expected '<row>' or '<row>,<task>'"),
 ])

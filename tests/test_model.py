@@ -222,3 +222,78 @@ def test_translate_equals_uncached_search(beam_size):
   compiled = decode._translate._cache_size()
   decode.translate(model, inputs[::-1], beam_size=beam_size, max_decode_len=8)
   assert decode._translate._cache_size() == compiled  # same shapes: no retracing.
+
+
+# Mixed precision: bfloat16 against float32 on the same float32 parameters. Tolerance: the
+# logits of the tiny model (magnitude about 1-3) within 0.1, and the next-token probabilities
+# within 0.02: bfloat16 keeps 8 bits of mantissa, so each activation is off by up to 0.4%.
+BF16_LOGIT_ATOL = 0.1
+BF16_PROBABILITY_ATOL = 0.02
+MIXED_PRECISION_VARIANTS = ["absolute_sinusoidal", "relative_kv", "relative_per_head", "t5",
+                            "rope", "alibi", "none"]
+
+
+@pytest.mark.parametrize("variant", MIXED_PRECISION_VARIANTS)
+def test_bfloat16_forward_is_close_to_float32(variant):
+  full = make_model(**VARIANTS[variant])
+  half = make_model(**VARIANTS[variant], dtype="bfloat16")
+  params = nnx.state(half, nnx.Param)
+  assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  assert all(jnp.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(nnx.state(full, nnx.Param)), jax.tree.leaves(params)))
+  assert half.encode(INPUTS).dtype == jnp.bfloat16
+  want, got = full(INPUTS, TARGETS), half(INPUTS, TARGETS)
+  assert got.dtype == jnp.float32
+  real = TARGETS != 0
+  np.testing.assert_allclose(got[real], want[real], atol=BF16_LOGIT_ATOL)
+  np.testing.assert_allclose(jax.nn.softmax(got)[real], jax.nn.softmax(want)[real],
+                             atol=BF16_PROBABILITY_ATOL)
+
+
+@pytest.mark.parametrize("variant", ["relative_kv", "t5", "rope"])
+def test_bfloat16_cached_decoding_equals_full_forward(variant):
+  model = make_model(**VARIANTS[variant], dtype="bfloat16")
+  full = model(INPUTS, TARGETS)
+  encoded = model.encode(INPUTS)
+  cache = model.init_cache(2, 7)
+  assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves(cache))
+  previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
+  steps = []
+  for step in range(TARGETS.shape[1]):
+    logits, cache = model.decode_step(encoded, INPUTS, previous[:, step], step, cache)
+    steps.append(logits)
+  real = TARGETS != 0
+  # The same bfloat16 arithmetic in another order (one token at a time).
+  np.testing.assert_allclose(np.stack(steps, 1)[real], np.asarray(full)[real],
+                             atol=BF16_LOGIT_ATOL)
+  tokens = decode.translate(model, INPUTS, beam_size=2, max_decode_len=6)
+  assert tokens.shape == (2, 6)
+
+
+def test_attention_implementation_cudnn_is_refused_with_the_reason():
+  with pytest.raises(ValueError, match=r"model\.attention_implementation='cudnn'.*GPU backend"):
+    make_config(attention_implementation="cudnn", dtype="bfloat16")
+  with pytest.raises(ValueError, match=r"model\.dtype='float64'.*'float32', 'bfloat16'"):
+    make_config(dtype="float64")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"dtype": "float32"}, r"model\.dtype='float32'.*'bfloat16' or 'float16'"),
+    ({"relative_value": True}, r"model\.relative_value=True.*cannot add a\^V"),
+    ({"relative_value": False, "attention_dropout_rate": 0.1},
+     r"model\.attention_dropout_rate=0\.1"),
+    ({"relative_value": False, "qkv_dim": 12}, r"model\.qkv_dim=12.*multiple of 8"),
+])
+def test_attention_implementation_cudnn_needs_what_cudnn_can_run(monkeypatch, overrides, message):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert make_config(attention_implementation="cudnn", dtype="bfloat16",
+                     relative_value=False).attention_implementation == "cudnn"
+  with pytest.raises(ValueError, match=message):
+    make_config(attention_implementation="cudnn", **{"dtype": "bfloat16", **overrides})
+
+
+def test_config_written_before_the_mixed_precision_fields_still_loads():
+  model_cfg = default.get_config().model
+  del model_cfg["dtype"], model_cfg["attention_implementation"]
+  config = model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
+  assert (config.dtype, config.attention_implementation) == ("float32", "auto")

@@ -170,3 +170,100 @@ def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
   (tmp_path / "file").write_text("")
   with pytest.raises(ValueError, match=f"workdir {tmp_path}/file exists and is not a folder"):
     train.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "file"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_train_steps_stay_close_to_float32(dtype):
+  """Five updates on one batch: losses within 2% and parameters (float32 in both) within 0.01
+  of the float32 run; the optimizer state stays float32 (float16: under a loss scale)."""
+  config = tiny.get_config()
+  batch = _random_batch(np.random.default_rng(1), 8, 16, config.task.vocab_size)
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  runs = {}
+  for run_dtype in ("float32", dtype):
+    config.model.dtype = run_dtype
+    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+    state, losses = steps.init(0), []
+    for _ in range(5):
+      state, metrics = steps.train(state, steps.global_batch(batch))
+      losses.append(float(metrics["loss"]))
+    runs[run_dtype] = (losses, jax.device_get(state))
+  (losses_32, state_32), (losses_16, state_16) = runs["float32"], runs[dtype]
+  assert ("loss_scale" in state_16) == (dtype == "float16")
+  assert int(state_16["num_skipped"]) == 0
+  assert losses_32[-1] < losses_32[0]  # it learns
+  np.testing.assert_allclose(losses_16, losses_32, rtol=0.02)
+  assert {leaf.dtype for leaf in jax.tree.leaves(state_16["opt_state"])
+          if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=0.01),
+               state_16["params"], state_32["params"])
+
+
+def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
+  scale = train.initial_loss_scale()
+  halved = train.update_loss_scale(scale, jnp.array(False))
+  assert float(halved["scale"]) == train.INITIAL_LOSS_SCALE / 2 and int(halved["good_steps"]) == 0
+  almost = {"scale": halved["scale"], "good_steps": jnp.array(train.LOSS_SCALE_PERIOD - 2)}
+  kept = train.update_loss_scale(almost, jnp.array(True))
+  assert float(kept["scale"]) == float(halved["scale"])
+  doubled = train.update_loss_scale(kept, jnp.array(True))
+  assert float(doubled["scale"]) == train.INITIAL_LOSS_SCALE and int(doubled["good_steps"]) == 0
+  floor = train.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
+                                  jnp.array(False))
+  assert float(floor["scale"]) == 1.0
+
+
+def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
+  """Two micro-batches give the update of the whole batch (dropout off: same randomness)."""
+  config = tiny.get_config()
+  config.model.dropout_rate = 0.0
+  batch = _random_batch(np.random.default_rng(2), 16, 16, config.task.vocab_size)
+  mesh = Mesh(np.asarray(jax.devices()), ("data",))
+  outputs = {}
+  for accumulation in (1, 2):
+    config.train.grad_accumulation_steps = accumulation
+    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+    state, metrics = steps.train(steps.init(0), steps.global_batch(batch))
+    outputs[accumulation] = jax.device_get((state["params"], metrics))
+  (params_1, metrics_1), (params_2, metrics_2) = outputs[1], outputs[2]
+  np.testing.assert_allclose(metrics_2["loss"], metrics_1["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics_2["grad_norm"], metrics_1["grad_norm"], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               params_2, params_1)
+
+
+def test_micro_batches_keep_each_devices_rows():
+  rows = np.arange(8)[:, None] * np.ones((1, 3), np.int32)
+  split = np.asarray(train.micro_batches({"inputs": jnp.asarray(rows)}, 2)["inputs"])[..., 0]
+  np.testing.assert_array_equal(split, [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_accumulation_must_divide_the_batch(data_dir, tmp_path):
+  config = tiny_config(data_dir, grad_accumulation_steps=3)
+  with pytest.raises(ValueError, match=r"train\.batch_size=8 must be divisible by "
+                                       r"train\.grad_accumulation_steps=3"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_evaluations_since_best():
+  assert train.evaluations_since_best([]) == 0
+  assert train.evaluations_since_best([{"bleu": 1.0}, {"bleu": 3.0}, {"bleu": 2.0}]) == 1
+  assert train.evaluations_since_best([{"loss": 3.0}, {"loss": 2.0}, {"loss": 2.5},
+                                       {"loss": 2.1}]) == 2
+
+
+def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypatch):
+  losses = iter([3.0, 2.0, 2.5, 2.4, 1.0])
+  monkeypatch.setattr(train, "_validate", lambda *args: {"loss": next(losses)})
+  config = tiny_config(data_dir, num_steps=10, eval_every_steps=2, checkpoint_every_steps=2,
+                       early_stopping_patience=2)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result["early_stopped"] and result["step"] == 8
+  assert checkpoints.make_manager(str(tmp_path), read_only=True).latest_step() == 8
+
+
+def test_config_written_before_the_new_train_fields_still_validates():
+  config = tiny.get_config()
+  del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
+  config_validation.validate(config)
+  assert (config.train.grad_accumulation_steps, config.train.early_stopping_patience) == (1, 0)

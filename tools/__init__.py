@@ -1,0 +1,1 @@
+"""Programs around relpos that are not part of the library: running on an offline GPU host."""
