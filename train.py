@@ -9,13 +9,11 @@ import json
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from relpos import cli
 from relpos import train
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/default.py", "Config file (configs/*.py[:args]).", lock_config=True)
+_CONFIG = cli.define_config_flag("configs/default.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
                                required=True)
 _MULTIHOST = cli.define_multihost_flag()
@@ -23,10 +21,9 @@ _MULTIHOST = cli.define_multihost_flag()
 
 def main(argv: list[str]) -> None:
   result = cli.run(argv, lambda: train.train_and_evaluate(_CONFIG.value, _WORKDIR.value),
-                   multihost=_MULTIHOST.value,
-                   errors=(ValueError, FileNotFoundError, train.NonFiniteError))
+                   multihost=_MULTIHOST.value)
   print(json.dumps(result))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

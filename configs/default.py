@@ -89,6 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
   train.label_smoothing = 0.1
   train.grad_clip_norm = 0.0  # 0: no clipping
   train.nonfinite = "raise"  # raise | skip
+  train.max_skipped_fraction = 0.01  # skip: stop once more of num_steps' updates were skipped
   train.log_every_steps = 50
   train.eval_every_steps = 500
   # Stop after this many evaluations without a better validation BLEU (loss without BLEU);

@@ -10,23 +10,42 @@ complete, so a kill mid-write leaves the previous steps intact):
             evaluation; the best BLEU (or, without BLEU, lowest loss) is kept
 
 Nothing is pickled. The manager keeps the last `keep` checkpoints plus the best one.
+
+A checkpoint whose files are missing, truncated or unreadable is "damaged"
+(`DamagedCheckpointError`, naming the file or the read that failed); `restore_newest` skips
+such checkpoints for the newest one that restores. Restore targets carry the shardings of the
+current mesh, so a checkpoint written on any number of devices restores on any other.
 The model's variables are held as pure nested dicts (`nnx.to_pure_dict`): "params" (nnx.Param)
 and "rng" (nnx.RngState, the dropout stream), which `nnx.merge` turns back into a model.
 """
+import contextlib
+import json
 import os
-from typing import Any
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import grain
 import grain.checkpoint as grain_checkpoint
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 from flax import nnx
+from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import model as model_lib
 
 PyTree = Any
+Restored = TypeVar("Restored")
 CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "damaged_checkpoints"  # where training moves damaged checkpoints (never deleted)
+STATE_METADATA = os.path.join("state", "_METADATA")
+
+
+class DamagedCheckpointError(ValueError):
+  """A checkpoint whose files are missing, truncated or unreadable."""
 
 
 def build_model(model_config: model_lib.TransformerConfig, seed: int) -> model_lib.Transformer:
@@ -115,6 +134,135 @@ def save(manager: ocp.CheckpointManager, state: dict[str, PyTree],
   manager.save(step, args=args, metrics=metrics, force=True)
 
 
+def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
+  """The folder of the checkpoint of `step`."""
+  return os.path.join(str(manager.directory), str(step))
+
+
+def data_file() -> str:
+  """This process's iterator-state file in a checkpoint's `data/` (grain's naming)."""
+  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+def check_process_count(where: str) -> None:
+  """Checks that the data iterators of the checkpoint in `where` were saved by as many
+  processes as this run has (their positions are per process).
+
+  Raises:
+    ValueError: saying how many processes to resume with.
+  """
+  data = os.path.join(where, "data")
+  names = os.listdir(data) if os.path.isdir(data) else []
+  counts = {int(m[1]) for m in (re.fullmatch(r"process_\d+-of-(\d+)\.json", n) for n in names) if m}
+  if counts and jax.process_count() not in counts:
+    raise ValueError(
+        f"checkpoint {where} was written by {min(counts)} processes and this run has "
+        f"{jax.process_count()}: each process's data position is saved apart, so resume with "
+        f"{min(counts)} processes (eval.py reads the checkpoint with any number), or train in a "
+        "new --workdir.")
+
+
+def _json_problem(where: str, name: str) -> str | None:
+  """What is wrong with the JSON file `name` of the checkpoint in `where` (None: nothing)."""
+  path = os.path.join(where, name)
+  if not os.path.isfile(path):
+    return f"{name} is missing"
+  if os.path.getsize(path) == 0:
+    return f"{name} is empty"
+  try:
+    with open(path, encoding="utf-8") as f:
+      json.load(f)
+  except ValueError as e:
+    return f"{name} is not valid JSON ({e}; truncated?)"
+  return None
+
+
+def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -> None:
+  """Checks the small files of a checkpoint: the state's metadata and (`with_data`) this
+  process's iterator state exist and are whole JSON. The arrays are checked by reading them.
+
+  Raises:
+    DamagedCheckpointError: naming the first missing, empty or truncated file.
+    ValueError: (`with_data`) the iterators were saved by another number of processes.
+  """
+  where = step_dir(manager, step)
+  names = [STATE_METADATA]
+  if with_data:
+    check_process_count(where)
+    names.append(os.path.join("data", data_file()))
+  for name in names:
+    problem = _json_problem(where, name)
+    if problem:
+      raise DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
+
+
+@contextlib.contextmanager
+def _reading(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
+  """Turns what reading a damaged checkpoint raises (tensorstore, orbax, grain: of many types)
+  into a DamagedCheckpointError that keeps the first line of the cause."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    cause = re.split(r" See full TensorStore details| \[tensorstore_spec=", cause)[0][:400]
+    raise DamagedCheckpointError(f"checkpoint {step_dir(manager, step)} is damaged: reading it "
+                                 f"failed: {cause.rstrip('.')}.") from e
+
+
+def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
+  return FileNotFoundError(f"no checkpoint is ready in {manager.directory} (a run saves its "
+                           "first one after train.checkpoint_every_steps steps).")
+
+
+def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int], Restored]
+                   ) -> tuple[int, Restored, list[int]]:
+  """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones.
+
+  A checkpoint whose folder vanishes while it is read (removed by a run training in the
+  workdir meanwhile) is skipped without a warning.
+
+  Args:
+    manager: from `make_manager`.
+    restore_step: restores the checkpoint of a step; raises DamagedCheckpointError when it
+      cannot be read.
+
+  Returns:
+    (the step restored, what `restore_step` returned, the newer steps found damaged).
+
+  Raises:
+    FileNotFoundError: there is no checkpoint.
+    DamagedCheckpointError: every checkpoint is damaged (each named).
+  """
+  damaged = {}
+  while candidates := sorted(set(manager.all_steps()) - set(damaged), reverse=True):
+    try:
+      return candidates[0], restore_step(candidates[0]), sorted(damaged)
+    except DamagedCheckpointError as e:
+      if os.path.isdir(step_dir(manager, candidates[0])):
+        damaged[candidates[0]] = str(e)
+        logging.warning("%s Trying the checkpoint before it.", e)
+      manager.reload()
+  if damaged:
+    raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "
+                                 + " ".join(damaged.values()))
+  raise _none_ready(manager)
+
+
+def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+  """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/DAMAGED_DIR/`, out of the
+  manager's sight, so that the run can save those steps again; nothing is deleted."""
+  if jax.process_index() == 0:
+    for step in steps:
+      target = os.path.join(os.path.dirname(str(manager.directory)), DAMAGED_DIR,
+                            f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.rename(step_dir(manager, step), target)
+      logging.warning("Moved the damaged checkpoint of step %d to %s.", step, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("relpos: damaged checkpoints set aside")
+  manager.reload()
+
+
 def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:
   """The step of `checkpoint`: "latest", "best" (by validation metrics) or a step number.
 
@@ -125,7 +273,7 @@ def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:
   steps = manager.all_steps()
   where = str(manager.directory)
   if not steps:
-    raise FileNotFoundError(f"no checkpoint in {where}.")
+    raise _none_ready(manager)
   if checkpoint == "latest":
     return manager.latest_step()
   if checkpoint == "best":
@@ -145,13 +293,24 @@ def _path_str(path: tuple[Any, ...]) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
 
 
+def _saved_tree(manager: ocp.CheckpointManager, step: int) -> PyTree:
+  """The metadata (shape, dtype) of each array of the state saved at `step`.
+
+  Raises:
+    DamagedCheckpointError: the metadata cannot be read.
+  """
+  with _reading(manager, step):
+    return manager.item_metadata(step)["state"].tree
+
+
 def check_architecture(manager: ocp.CheckpointManager, step: int, abstract_params: PyTree) -> None:
   """Checks that the parameters saved at `step` have the shapes the current config builds.
 
   Raises:
     ValueError: naming the first parameter that is missing, extra, or of another shape.
+    DamagedCheckpointError: the metadata cannot be read.
   """
-  saved = manager.item_metadata(step)["state"].tree["params"]
+  saved = _saved_tree(manager, step)["params"]
   saved_shapes = {_path_str(p): tuple(m.shape)
                   for p, m in jax.tree_util.tree_leaves_with_path(saved)}
   wanted = {_path_str(p): tuple(a.shape)
@@ -175,10 +334,11 @@ def _with_sharding(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def _as_saved(manager: ocp.CheckpointManager, step: int) -> PyTree:
-  """Restore target of the state saved at `step`: its own shapes and dtypes, numpy leaves."""
-  saved = manager.item_metadata(step)["state"].tree
-  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), saved)
+def _as_saved(manager: ocp.CheckpointManager, step: int, sharding: jax.sharding.Sharding
+              ) -> PyTree:
+  """Restore target of the state saved at `step`: its own shapes and dtypes, laid out with
+  `sharding` (never the saved layout, whose devices this process may not have)."""
+  return _with_sharding(_saved_tree(manager, step), sharding)
 
 
 def read_state(workdir: str, step: int | None = None) -> dict[str, PyTree]:
@@ -187,8 +347,9 @@ def read_state(workdir: str, step: int | None = None) -> dict[str, PyTree]:
   manager = make_manager(workdir, read_only=True)
   try:
     step = resolve_step(manager, "latest" if step is None else step)
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(_as_saved(manager, step)))
-    return manager.restore(step, args=args)["state"]
+    target = _as_saved(manager, step, jax.sharding.SingleDeviceSharding(jax.local_devices()[0]))
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
+    return jax.device_get(manager.restore(step, args=args)["state"])
   finally:
     manager.close()
 
@@ -196,18 +357,22 @@ def read_state(workdir: str, step: int | None = None) -> dict[str, PyTree]:
 def restore_model(manager: ocp.CheckpointManager, step: int,
                   model_config: model_lib.TransformerConfig,
                   sharding: jax.sharding.Sharding) -> model_lib.Transformer:
-  """The model saved at `step`: its parameters and RNG streams (the rest of the state is read
-  to host memory as saved and dropped, so evaluation needs no optimizer).
+  """The model saved at `step`, laid out with `sharding`: its parameters and RNG streams (the
+  rest of the state is read and dropped, so evaluation needs no optimizer).
 
   Raises:
     ValueError: naming the first parameter whose shape differs from the config's.
+    DamagedCheckpointError: naming what is missing or unreadable.
   """
   graphdef, params, rng = abstract_model(model_config)
+  check_files(manager, step, with_data=False)
   check_architecture(manager, step, params)
-  target = dict(_as_saved(manager, step))
+  target = dict(_as_saved(manager, step, sharding))
   target.update(params=_with_sharding(params, sharding),
                 rng=keys_to_data(_with_sharding(rng, sharding)))
-  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+  with _reading(manager, step):
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)))
   return nnx.merge(graphdef, restored["state"]["params"],
                    data_to_keys(restored["state"]["rng"], rng))
 
@@ -227,10 +392,14 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
     The state, laid out with the shardings of `abstract_state`.
 
   Raises:
-    ValueError: naming the first parameter whose shape differs from the config's.
+    ValueError: naming the first parameter whose shape differs from the config's, or the
+      number of processes to resume with.
+    DamagedCheckpointError: naming what is missing or unreadable.
   """
+  check_files(manager, step, with_data=True)
   check_architecture(manager, step, abstract_state["params"])
-  restored = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
-      data=grain_checkpoint.CheckpointRestore(data_iterator)))
+  with _reading(manager, step):
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
+        data=grain_checkpoint.CheckpointRestore(data_iterator)))
   return data_to_keys(restored["state"], abstract_state)

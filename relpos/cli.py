@@ -1,15 +1,22 @@
 """Start-up shared by the command-line programs (train.py, eval.py, relpos.experiments.run)."""
+import contextlib
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from absl import app
 from absl import flags
 from absl import logging
+from ml_collections import config_flags
 
 from relpos import evaluate
+from relpos import locks
+from relpos import train
 
 Result = TypeVar("Result")
+# What a user's input or the state of a workdir can cause: one line, no traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, locks.WorkdirInUseError, train.NonFiniteError)
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -17,6 +24,57 @@ def define_multihost_flag() -> flags.FlagHolder:
   return flags.DEFINE_string(
       "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
       "'<coordinator host:port>,<num_processes>,<process_id>'.")
+
+
+def _one_line(error: Exception) -> str:
+  """An error's message on one line: its first line's subject and its last line (the cause,
+  when the message holds a traceback, as ml_collections' config file errors do)."""
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if len(lines) < 2:
+    return lines[0] if lines else type(error).__name__
+  cause = re.sub(r"^\w+(Error|Exception): ", "", lines[-1])
+  return f"{lines[0].split(': ')[0]}: {cause}"
+
+
+def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> str:
+  """The message for a config override naming a field the config does not have."""
+  field = str(error).strip("\"'")
+  given = [arg.split("=")[0] for arg in argv[1:]
+           if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]]
+  return f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
+
+
+@contextlib.contextmanager
+def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
+  """Ends the program with status 1 and one line "error: ..." for a bad flag value, an error
+  raised by a config file, a config file that cannot be loaded, or an override of a config
+  field that does not exist (absl and ml_collections print several lines or a traceback)."""
+  try:
+    yield
+  except (flags.Error, OSError) as e:
+    sys.exit(f"error: {_one_line(e)}")
+  except (LookupError, AttributeError) as e:  # ml_collections: an override of a missing field
+    sys.exit(f"error: {_unknown_field(argv, e)}")
+
+
+def define_config_flag(default: str) -> flags.FlagHolder:
+  """Defines --config (a configs/*.py file[:args]; any field overridable as
+  --config.<field>=value). Its default is loaded here, with the overrides of the command line,
+  so their mistakes are one line here too."""
+  with _mistakes_as_one_line(sys.argv):
+    return config_flags.DEFINE_config_file(
+        "config", default, "Config file (configs/*.py[:args]).", lock_config=True)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (`app.run`'s flags_parser), every mistake one line (see
+  `_mistakes_as_one_line`)."""
+  with _mistakes_as_one_line(argv):
+    remaining = flags.FLAGS(argv)
+    for name in flags.FLAGS:  # a config file that failed to load raises when first read
+      if hasattr(flags.FLAGS[name], "config_filename"):
+        flags.FLAGS[name].value.keys()
+    return remaining
 
 
 def start(multihost: str = "") -> None:
@@ -32,18 +90,21 @@ def start(multihost: str = "") -> None:
   evaluate.initialize_distributed(multihost)
 
 
-def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "",
-        errors: tuple[type[Exception], ...] = (ValueError, FileNotFoundError)) -> Result:
+def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:
   """The body of a program's absl `main`: `start`, then `work()`, whose result it returns.
 
   Raises:
     app.UsageError: on positional arguments.
-    SystemExit: "error: <message>" (status 1) for any of `errors`, instead of a traceback.
+    SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback;
+      "interrupted[: <message>]" (status 130) on KeyboardInterrupt.
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
   try:
     start(multihost)
     return work()
-  except errors as e:
+  except USER_ERRORS as e:
     sys.exit(f"error: {e}")
+  except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.train.Preemption)
+    print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
+    sys.exit(130)

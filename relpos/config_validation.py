@@ -99,6 +99,7 @@ RULES: dict[str, Rule] = {
     "train.label_smoothing": number(0.0, 1.0, open_max=True),
     "train.grad_clip_norm": number(0.0),
     "train.nonfinite": one_of("raise", "skip"),
+    "train.max_skipped_fraction": number(0.0, 1.0),
     "train.log_every_steps": integer(1),
     "train.eval_every_steps": integer(1),
     "train.early_stopping_patience": integer(0),
@@ -116,6 +117,7 @@ RULES: dict[str, Rule] = {
 DEFAULTS: dict[str, Any] = {
     "train.grad_accumulation_steps": 1,
     "train.early_stopping_patience": 0,
+    "train.max_skipped_fraction": 1.0,
 }
 
 # Sections whose every field has a rule above (other `task.*` fields belong to the data code).

@@ -11,6 +11,7 @@ sacreBLEU (cased, 13a tokenization; and lower-cased) and chrF on detokenized out
 
 A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
 """
+import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -195,35 +197,64 @@ def load_run_config(workdir: str) -> ml_collections.ConfigDict:
 
   Raises:
     FileNotFoundError: the workdir or its config.json does not exist.
-    ValueError: the config is invalid.
+    ValueError: the config is not JSON, not a config, or invalid (naming the file).
   """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir} does not exist.")
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
-  with open(path, encoding="utf-8") as f:
-    config = ml_collections.ConfigDict(json.load(f))
-  config_validation.validate(config)
+  config = read_config_json(path)
+  try:
+    config_validation.validate(config)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
   return config
+
+
+def read_config_json(path: str) -> ml_collections.ConfigDict:
+  """The config in a run's config.json (data: nothing in it is executed or unpickled).
+
+  Raises:
+    ValueError: naming the file, when it is not JSON or not a config (e.g. a "__reduce__" key).
+  """
+  with open(path, encoding="utf-8") as f:
+    try:
+      data = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+  try:
+    return ml_collections.ConfigDict(data)
+  except (AttributeError, TypeError, ValueError) as e:
+    raise ValueError(f"{path} does not hold a config: {e}") from None
 
 
 def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
                   mesh: Mesh) -> tuple[nnx.Module, int]:
   """The model saved in `workdir` at `checkpoint` ("latest", "best" or a step), and its step.
 
+  "latest" is the newest checkpoint that restores: damaged newer ones are skipped with a
+  warning naming what is wrong and the step restored instead.
+
   Raises:
     FileNotFoundError: no checkpoint (or not that step) in the workdir.
     ValueError: the checkpoint's parameters do not fit the config (naming the first one).
+    checkpoints.DamagedCheckpointError: the checkpoint asked for (every one, for "latest")
+      is damaged.
   """
   model_config = config_validation.validate(config)
   manager = checkpoints.make_manager(workdir, read_only=True)
+  restore_step = functools.partial(checkpoints.restore_model, manager, model_config=model_config,
+                                   sharding=NamedSharding(mesh, PartitionSpec()))
   try:
-    step = checkpoints.resolve_step(manager, checkpoint)
-    model = checkpoints.restore_model(manager, step, model_config,
-                                      NamedSharding(mesh, PartitionSpec()))
+    if checkpoint != "latest":
+      step = checkpoints.resolve_step(manager, checkpoint)
+      return restore_step(step), step
+    step, model, damaged = checkpoints.restore_newest(manager, restore_step)
   finally:
     manager.close()
+  if damaged:
+    logging.warning("Evaluating step %d: the newer checkpoints %s are damaged.", step, damaged)
   return model, step
 
 

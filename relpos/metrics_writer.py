@@ -5,6 +5,7 @@ run restarts from) are dropped and TensorBoard purges events past s, so a restar
 files read like an uninterrupted run's.
 """
 import json
+import math
 import os
 from typing import Any
 
@@ -48,12 +49,15 @@ class MetricsWriter:
         os.path.join(workdir, TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
-    """Writes one record {"step", "split", **metrics}; numbers also go to TensorBoard."""
+    """Writes one record {"step", "split", **metrics} as strict JSON (a NaN or infinite value
+    becomes null); finite numbers also go to TensorBoard."""
     if not self._active:
       return
+    metrics = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+               for k, v in metrics.items()}
     record = {"step": step, "split": split, **metrics}
     with open(self._path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record) + "\n")
+      f.write(json.dumps(record, allow_nan=False) + "\n")
     for name, value in metrics.items():
       if isinstance(value, (int, float)) and not isinstance(value, bool):
         self._tensorboard.add_scalar(f"{split}/{name}", value, step)

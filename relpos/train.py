@@ -5,7 +5,8 @@
 the data iterator position), trains with periodic evaluation (loss, token accuracy and, with
 `decode.validation_bleu`, beam-search sacreBLEU through `relpos.evaluate`, the code eval.py
 runs), writes `config.json`, `metrics.jsonl` and TensorBoard events, and saves Orbax
-checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`).
+checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`); on
+SIGINT (Ctrl-C) it saves and raises KeyboardInterrupt.
 
 The train state is a dict of pure pytrees, the layout checkpoints hold:
   step         int32 []: updates taken (skipped non-finite ones included)
@@ -45,6 +46,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import checkpoints
 from relpos import config_validation
 from relpos import evaluate
+from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos.data import pipeline
@@ -58,7 +60,8 @@ VALIDATION_SPLIT = "validation"
 
 
 class NonFiniteError(FloatingPointError):
-  """A non-finite loss or gradient with `train.nonfinite='raise'`."""
+  """A non-finite loss, gradient or updated parameters with `train.nonfinite='raise'`, or too
+  many skipped updates with 'skip'."""
 
 
 # --- optimizer and loss ------------------------------------------------------------------------
@@ -221,7 +224,9 @@ def _gradients(params: Any, rng: Any, batch: Batch, *, graphdef: nnx.GraphDef,
 def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                optimizer: optax.GradientTransformation, label_smoothing: float,
                accumulation_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One update on a global batch. Non-finite loss or gradient: the update is not applied.
+  """One update on a global batch. Not applied when the loss, the gradient or the updated
+  parameters are not finite (parameters whose global norm overflows float32 count as not
+  finite: an exploded update).
 
   Args:
     state: the train state.
@@ -233,18 +238,20 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
       _steps`; rows must divide by it times the device count).
 
   Returns:
-    The new state and float32 scalars loss (per target token), grad_norm and finite (0.0 when
-    the loss or gradient was non-finite for a reason other than a float16 loss-scale overflow,
-    which only lowers the scale; the update is skipped either way).
+    The new state and float32 scalars loss (per target token), grad_norm, param_norm (of the
+    updated parameters) and finite (0.0 when the loss, gradient or updated parameters were
+    non-finite for a reason other than a float16 loss-scale overflow, which only lowers the
+    scale; the update is skipped either way).
   """
   loss_scale = state["loss_scale"]["scale"] if "loss_scale" in state else None
   loss, grads, rng = _gradients(state["params"], state["rng"], batch, graphdef=graphdef,
                                 label_smoothing=label_smoothing,
                                 accumulation_steps=accumulation_steps, loss_scale=loss_scale)
   grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
+  param_norm = optax.global_norm(params)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
   keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
   new_state = {"step": state["step"] + 1, "rng": rng,
                "params": keep_if_finite(params, state["params"]),
@@ -252,8 +259,10 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
   if loss_scale is not None:
     new_state["loss_scale"] = update_loss_scale(state["loss_scale"], jnp.isfinite(grad_norm))
-    finite = jnp.isfinite(loss)  # an overflow only lowers the scale
-  return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite.astype(jnp.float32)}
+    # An overflow of the scaled gradient only lowers the scale.
+    finite = jnp.isfinite(loss) & (jnp.isfinite(param_norm) | ~jnp.isfinite(grad_norm))
+  return new_state, {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
+                     "finite": finite.astype(jnp.float32)}
 
 
 def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
@@ -344,26 +353,37 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
 
 
 class Preemption:
-  """SIGTERM (or, on several processes, JAX's preemption sync point) -> save and stop.
+  """SIGTERM or SIGINT (or, on several processes, JAX's preemption sync point) -> save and stop.
 
-  One process: a SIGTERM handler (installed from the main thread) sets a flag, checked after
-  every step. Several: JAX's preemption service agrees on the step at which all processes save.
+  One process: a handler of both signals (installed from the main thread) records the signal,
+  checked after every step. Several: JAX's preemption service agrees on the step at which all
+  processes save.
+
+  Attributes:
+    signal: the name of the signal received ("SIGTERM", "SIGINT"), or None.
   """
 
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
   def __init__(self):
+    self.signal: str | None = None
     self._requested = threading.Event()
     self._handles_signal = (jax.process_count() == 1
                             and threading.current_thread() is threading.main_thread())
-    self._previous = None
+    self._previous = {}
+
+  def _request(self, signum: int, _) -> None:
+    self.signal = signal.Signals(signum).name
+    self._requested.set()
 
   def __enter__(self) -> "Preemption":
     if self._handles_signal:
-      self._previous = signal.signal(signal.SIGTERM, lambda *_: self._requested.set())
+      self._previous = {s: signal.signal(s, self._request) for s in self.SIGNALS}
     return self
 
   def __exit__(self, *exc_info) -> None:
-    if self._handles_signal:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
 
   def reached(self, step: int) -> bool:
     """Whether to save and stop after `step` (same answer on every process)."""
@@ -401,22 +421,48 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   return flat
 
 
+# The fields that make the tokenizer (and the data): a run resumes only with the values its
+# checkpoints were trained with.
+RESUME_FIXED_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
+                       "task.spm_model_type", "task.spm_seed")
+
+
+def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
+                         resuming: bool) -> None:
+  """Compares `config` with the config.json of the run's earlier start (when there is one),
+  warning about the fields that differ.
+
+  Raises:
+    ValueError: (`resuming`) a field of RESUME_FIXED_FIELDS changed, naming it, both values and
+      the file; or the file is not a config (named).
+  """
+  path = os.path.join(workdir, evaluate.CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  before = _flatten(evaluate.read_config_json(path).to_dict())
+  after = _flatten(config.to_dict())
+  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+  fixed = [k for k in changed if k in RESUME_FIXED_FIELDS]
+  if resuming and fixed:
+    raise ValueError(
+        f"config field {fixed[0]}={after.get(fixed[0])!r} differs from the "
+        f"{before.get(fixed[0])!r} that the checkpoints in {workdir} were trained with ({path}): "
+        "the tokenizer would change under the model. Resume with the old value or train in a "
+        "new --workdir.")
+  if changed:
+    logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
+        f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
+
+
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config as `workdir/config.json` (process 0), warning about the fields
-  that differ from the config.json of an earlier start."""
+  """Writes the resolved config as `workdir/config.json` (process 0), whole or not at all (a
+  temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
   path = os.path.join(workdir, evaluate.CONFIG_FILE)
-  resolved = config.to_dict()
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      before, after = _flatten(json.load(f)), _flatten(resolved)
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    if changed:
-      logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
-          f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(resolved, f, indent=2, sort_keys=True)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+  os.replace(path + ".tmp", path)
 
 
 class _Recorder:
@@ -426,8 +472,18 @@ class _Recorder:
   device except at log, eval and checkpoint steps.
   """
 
-  def __init__(self, nonfinite: str, progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
-    self._nonfinite = nonfinite
+  def __init__(self, train_config: ml_collections.ConfigDict, num_skipped: int,
+               progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
+    """Starts recording.
+
+    Args:
+      train_config: `train.*` of the run (nonfinite, max_skipped_fraction, num_steps).
+      num_skipped: updates skipped before this start (of a resumed run).
+      progress: the progress bar.
+      last_checkpoint: returns the step of the latest checkpoint (None before the first).
+    """
+    self._train_config = train_config
+    self._num_skipped = num_skipped
     self._progress = progress
     self._last_checkpoint = last_checkpoint
     self._pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -445,7 +501,8 @@ class _Recorder:
     """Reads the held step's metrics.
 
     Raises:
-      NonFiniteError: the held step had a non-finite loss or gradient, in 'raise' mode.
+      NonFiniteError: the held step's update was not finite, in 'raise' mode; or, in 'skip'
+        mode, more than `max_skipped_fraction` of the run's steps have been skipped.
     """
     if self._pending is None:
       return
@@ -455,22 +512,36 @@ class _Recorder:
     self._steps_timed += 1
     self._progress.update(1)
     if not metrics["finite"]:
-      if self._nonfinite == "raise":
-        raise NonFiniteError(
-            f"non-finite loss or gradient at step {step} (loss={metrics['loss']}, "
-            f"grad_norm={metrics['grad_norm']}); nothing was saved after it, the last good "
-            f"checkpoint is step {self._last_checkpoint()}. Set train.nonfinite='skip' to skip "
-            "such updates instead.")
+      self._skip(step, metrics)
       return
     self._sums = {k: self._sums[k] + metrics[k] for k in self._sums}
     self._count += 1
     self._progress.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
 
-  def summary(self) -> dict[str, float]:
-    """Means over the finite steps since the last summary, and steps per second."""
+  def _skip(self, step: int, metrics: dict[str, float]) -> None:
+    """Counts a skipped update, raising when that is not allowed (see `flush`)."""
+    last = self._last_checkpoint()
+    kept = "no checkpoint was saved yet" if last is None else f"the last checkpoint is step {last}"
+    values = (f"loss={metrics['loss']}, grad_norm={metrics['grad_norm']}, "
+              f"param_norm={metrics['param_norm']}")
+    if self._train_config.nonfinite == "raise":
+      raise NonFiniteError(
+          f"non-finite loss, gradient or parameters at step {step} ({values}), not saved; "
+          f"{kept}. Set train.nonfinite='skip' to skip such updates instead.")
+    self._num_skipped += 1
+    fraction, num_steps = self._train_config.max_skipped_fraction, self._train_config.num_steps
+    if self._num_skipped > fraction * num_steps:
+      raise NonFiniteError(
+          f"updates skipped for non-finite values: {self._num_skipped} by step {step}, more "
+          f"than train.max_skipped_fraction={fraction} of the run's {num_steps} steps (step "
+          f"{step}: {values}); {kept}.")
+
+  def summary(self) -> dict[str, float | None]:
+    """Means over the finite steps since the last summary (None when every step was skipped),
+    and steps per second."""
     self.flush()
     elapsed = time.perf_counter() - self._start
-    means = {k: v / self._count if self._count else float("nan") for k, v in self._sums.items()}
+    means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
     summary = {**means, "steps_per_second": self._steps_timed / elapsed}
     self._sums = {k: 0.0 for k in self._sums}
     self._count, self._steps_timed, self._start = 0, 0, time.perf_counter()
@@ -505,41 +576,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     validation metrics}.
 
   Raises:
-    ValueError: an invalid config field, a workdir that is a file, or checkpoints of another
-      architecture in `workdir`.
-    NonFiniteError: a non-finite loss or gradient with `train.nonfinite='raise'`.
+    KeyboardInterrupt: after saving, on SIGINT.
+    ValueError: an invalid config field, a workdir that is a file, checkpoints of another
+      architecture or tokenizer (RESUME_FIXED_FIELDS) in `workdir`, or written by another
+      number of processes.
+    checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
+    locks.WorkdirInUseError: another process trains in `workdir`.
+    NonFiniteError: a non-finite loss, gradient or updated parameters with
+      `train.nonfinite='raise'`; with 'skip', more than `train.max_skipped_fraction` of the
+      steps skipped.
   """
   model_config = config_validation.validate(config)
   check_divisible(config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
-  task = pipeline.get_task(config.task)
-  steps = get_steps(evaluate.make_mesh(), model_config, config.train)
-  train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
-                                       shard_index=jax.process_index(),
-                                       shard_count=jax.process_count())
-  manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
-  try:
-    state = _initial_state(config, steps, manager, train_iterator)
-    write_config(config, workdir)
-    return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
-  finally:
-    manager.close()
+  with locks.hold(workdir):
+    manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
+    try:
+      check_config_changes(config, workdir, resuming=manager.latest_step() is not None)
+      task = pipeline.get_task(config.task)
+      steps = get_steps(evaluate.make_mesh(), model_config, config.train)
+      train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
+                                           shard_index=jax.process_index(),
+                                           shard_count=jax.process_count())
+      state = _initial_state(config, steps, manager, train_iterator)
+      write_config(config, workdir)
+      return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
+    finally:
+      manager.close()
 
 
 def _initial_state(config: ml_collections.ConfigDict, steps: Steps,
                    manager: ocp.CheckpointManager,
                    train_iterator: grain.DatasetIterator) -> TrainState:
-  """The latest checkpoint's state (iterator restored in place), or a fresh one."""
-  latest = manager.latest_step()
-  if latest is None:
+  """The newest restorable checkpoint's state (iterator restored in place), or a fresh one.
+
+  Newer checkpoints found damaged are moved aside (`checkpoints.set_aside`), so that the run
+  can save their steps again.
+  """
+  if manager.latest_step() is None:
     return steps.init(config.seed)
-  logging.warning("Resuming from step %d (%s).", latest, manager.directory)
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=steps.replicated),
       jax.eval_shape(steps.init, config.seed))
-  return checkpoints.restore(manager, latest, abstract, train_iterator)
+  step, state, damaged = checkpoints.restore_newest(
+      manager, lambda s: checkpoints.restore(manager, s, abstract, train_iterator))
+  checkpoints.set_aside(manager, damaged)
+  logging.warning("Resuming from step %d (%s).", step, manager.directory)
+  return state
 
 
 def evaluations_since_best(validation: list[dict[str, Any]]) -> int:
@@ -597,7 +682,7 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
             "validation": last_records.get(VALIDATION_SPLIT, {})}
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
-  recorder = _Recorder(train_config.nonfinite, progress, manager.latest_step)
+  recorder = _Recorder(train_config, int(state["num_skipped"]), progress, manager.latest_step)
   with (progress, Preemption() as preemption,
         metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
     for step in range(first + 1, last + 1):
@@ -630,6 +715,9 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         break
     recorder.flush()
   manager.wait_until_finished()
+  if preemption.signal == "SIGINT":
+    raise KeyboardInterrupt(f"saved step {result['step']} to {manager.directory}; run the same "
+                            "command again to resume.")
   return result
 
 

@@ -1,4 +1,6 @@
-"""Tests for relpos.cli: the start-up of the command-line programs."""
+"""Tests for relpos.cli: the start-up of the command-line programs, and each user mistake
+ending the program with one line."""
+import os
 import subprocess
 import sys
 
@@ -8,6 +10,37 @@ from absl import flags
 from absl import logging
 
 from relpos import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (case, files to write under the test's folder {tmp}, command, the one line it must end with).
+MISTAKES = [
+    ("unknown config field", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
+                                  "--config.model.nosuch=1"],
+     "error: --config.model.nosuch: the config has no field 'nosuch'."),
+    ("missing config file", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/nosuch.py"],
+     "error: Configuration is not available because of an earlier failure to load: [Errno 2] "
+     "No such file or directory: 'configs/nosuch.py'"),
+    ("unknown ablation row", {}, ["train.py", "--workdir={tmp}/run",
+                                  "--config=configs/ablation.py:foo"],
+     "error: flag --config=configs/ablation.py:foo: unknown ablation row 'foo'; allowed: abs, "),
+    ("override of another type", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
+                                      "--set=train.num_steps=abc"],
+     "error: override train.num_steps='abc': the field holds int values, e.g. 1000."),
+    ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--seeds=0"],
+     "error: no seeds to run: --seeds must be at least 1."),
+    ("config.json not JSON", {"run/config.json": '{"task": '},
+     ["eval.py", "--workdir={tmp}/run", "--split=test"],
+     "error: {tmp}/run/config.json is not valid JSON (Expecting value: line 1 column 10 "
+     "(char 9))."),
+    ("config.json with __reduce__", {"run/config.json": '{"__reduce__": "os.system"}'},
+     ["eval.py", "--workdir={tmp}/run", "--split=test"],
+     "error: {tmp}/run/config.json does not hold a config: '__reduce__ cannot be overridden.'"),
+    ("truncated result.json", {"out/runs/ablation-abs-seed0/result.json": '{"table": "abl'},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows=abs"],
+     "error: {tmp}/out/runs/ablation-abs-seed0/result.json is not valid JSON (Unterminated "
+     "string starting at: line 1 column 11 (char 10)): delete it to run that run's evaluation "
+     "again."),
+]
 
 
 @pytest.fixture
@@ -63,3 +96,17 @@ def test_run_turns_the_listed_errors_into_one_line(parsed_flags):
     cli.run(["prog"], fail)
   with pytest.raises(KeyError):  # not listed: a real bug keeps its traceback
     cli.run(["prog"], lambda: {}["x"])
+
+
+@pytest.mark.parametrize("case, files, command, line", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_user_mistakes_end_with_one_line(case, files, command, line, tmp_path):
+  del case  # the test's id
+  for name, text in files.items():
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(text, encoding="utf-8")
+  done = subprocess.run([sys.executable, *(arg.format(tmp=tmp_path) for arg in command)],
+                        cwd=ROOT, capture_output=True, text=True, check=False)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1].startswith(line.format(tmp=tmp_path)), done.stderr
+  assert "Traceback" not in done.stderr
+  assert not (tmp_path / "run" / "checkpoints").exists()

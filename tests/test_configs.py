@@ -31,6 +31,8 @@ INVALID = {
     "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.adam_b1": 1.0,
     "train.adam_b2": -0.1, "train.adam_eps": 0.0, "train.weight_decay": -1.0,
     "train.label_smoothing": 1.0, "train.grad_clip_norm": math.inf, "train.nonfinite": "ignore",
+    "train.max_skipped_fraction": 1.5, "train.grad_accumulation_steps": 0,
+    "train.early_stopping_patience": -1,
     "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
     "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
     "train.grad_accumulation_steps": 0, "train.early_stopping_patience": -1,

@@ -137,7 +137,7 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
 def test_workdir_without_checkpoint(run, tmp_path):
   _, workdir, _ = run
   os.symlink(os.path.join(workdir, "config.json"), tmp_path / "config.json")
-  with pytest.raises(FileNotFoundError, match=f"no checkpoint in {tmp_path}/checkpoints"):
+  with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {tmp_path}/checkpoints"):
     evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
 
 

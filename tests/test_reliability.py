@@ -1,5 +1,6 @@
 """Reliability of training (issue 7): exact resume after SIGKILL, SIGTERM, atomic checkpoints,
-the non-finite guard, and errors that name the culprit with nothing written or lost."""
+the non-finite guard, and errors that name the culprit with nothing written or lost; one run
+per workdir, damaged checkpoints, and checkpoints moved between device layouts."""
 import json
 import os
 import random
@@ -15,7 +16,9 @@ import pytest
 
 from configs import tiny
 from relpos import checkpoints
+from relpos import config_validation
 from relpos import evaluate
+from relpos import locks
 from relpos import metrics_writer
 from relpos import train
 
@@ -115,6 +118,8 @@ def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_
       time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed"
+    with open(os.path.join(workdir, locks.LOCK_FILE), encoding="utf-8") as f:
+      assert f.read().startswith(f"process {process.pid} on host ")  # a stale lock: no obstacle
   done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
   assert done.returncode == 0, done.stderr[-3000:]
   assert_same_run(workdir, reference)
@@ -138,25 +143,42 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(reference, data_
   assert_same_run(workdir, reference)
 
 
-def test_sigterm_saves_and_exits_zero(data_dir, environment, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_sigint_saves_and_exits(signum, data_dir, environment, tmp_path):
   workdir = str(tmp_path / "run")
   overrides = {**KILL_RUN, "train.num_steps": 100_000, "train.checkpoint_every_steps": 100_000}
   process = subprocess.Popen(train_command(workdir, data_dir, overrides), stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=environment)
+                             stderr=subprocess.PIPE, text=True, env=environment)
   while max_logged_step(workdir) < 5:
     assert process.poll() is None
     time.sleep(0.01)
-  process.send_signal(signal.SIGTERM)
+  process.send_signal(signum)
   start = time.monotonic()
-  stdout, _ = process.communicate(timeout=60)
-  assert process.returncode == 0 and time.monotonic() - start < 10
-  result = json.loads(stdout.strip().splitlines()[-1])
-  assert result["preempted"] and result["step"] >= 5
+  stdout, stderr = process.communicate(timeout=60)
+  assert time.monotonic() - start < 10
   state, _ = saved(workdir)
-  assert int(state["step"]) == result["step"] == max_logged_step(workdir)
+  step = int(state["step"])
+  assert step == max_logged_step(workdir) and step >= 5
+  if signum == signal.SIGTERM:
+    assert process.returncode == 0
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["preempted"] and result["step"] == step
+  else:
+    assert process.returncode == 130 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"interrupted: saved step {step} to {checkpoints.checkpoint_dir(workdir)}; run the same "
+        "command again to resume.")
 
 
-@pytest.mark.parametrize("mode", ["raise", "skip"])
+def strict_records(workdir: str) -> list[dict]:
+  """metrics.jsonl read as strict JSON (NaN or Infinity in it fail the test)."""
+  def reject(constant):
+    raise AssertionError(f"metrics.jsonl holds {constant}")
+  with open(os.path.join(workdir, metrics_writer.METRICS_FILE), encoding="utf-8") as f:
+    return [json.loads(line, parse_constant=reject) for line in f]
+
+
+@pytest.mark.parametrize("mode", ["raise", "skip", "skip_too_many"])
 def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   """Step 3's batch holds a token id past the vocabulary: NaN embeddings, loss and gradient."""
   global_batch, calls = train.Steps.global_batch, []
@@ -170,24 +192,43 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   monkeypatch.setattr(train.Steps, "global_batch", poisoned)
   overrides = {"train.num_steps": 5, "train.checkpoint_every_steps": 1, "train.log_every_steps": 1,
                "train.eval_every_steps": 5, "train.keep_checkpoints": 10,
-               "train.nonfinite": mode, "decode.validation_bleu": False}
+               "train.nonfinite": "raise" if mode == "raise" else "skip",
+               "train.max_skipped_fraction": 0.01 if mode == "skip_too_many" else 0.2,
+               "decode.validation_bleu": False}
   workdir = str(tmp_path)
-  if mode == "raise":
-    with pytest.raises(train.NonFiniteError, match="non-finite loss or gradient at step 3 .*"
-                                                   "the last good checkpoint is step 2"):
+  if mode != "skip":
+    message = {"raise": r"non-finite loss, gradient or parameters at step 3 \(.*\), not saved; "
+                        r"the last checkpoint is step 2\. Set train.nonfinite='skip'",
+               "skip_too_many": r"updates skipped for non-finite values: 1 by step 3, more than "
+                                r"train.max_skipped_fraction=0.01 of the run's 5 steps \(step 3: "
+                                r"loss=nan, .*\); the last checkpoint is step 2"}[mode]
+    with pytest.raises(train.NonFiniteError, match=message):
       train.train_and_evaluate(make_config(data_dir, overrides), workdir)
     state, _ = saved(workdir)
     assert int(state["step"]) == 2
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
     return
   result = train.train_and_evaluate(make_config(data_dir, overrides), workdir)
-  records = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
+  records = [r for r in strict_records(workdir) if r["split"] == "train"]
   assert [r["skipped_updates"] for r in records] == [0, 0, 1, 1, 1]
+  assert records[2]["loss"] is None and records[2]["grad_norm"] is None  # no finite step in it
   assert np.isfinite(result["train"]["loss"]) and np.isfinite(result["validation"]["loss"])
   (before, _), (after, _) = saved(workdir, 2), saved(workdir, 3)
   jax.tree.map(np.testing.assert_array_equal, after["params"], before["params"])
   jax.tree.map(np.testing.assert_array_equal, after["opt_state"], before["opt_state"])
   assert int(after["num_skipped"]) == 1
+
+
+def test_exploded_update_is_not_a_good_step(data_dir, tmp_path):
+  """A learning rate of 1e30: step 1's loss and gradient are finite, the parameters it makes
+  are not (their norm overflows float32)."""
+  overrides = {"train.num_steps": 3, "train.checkpoint_every_steps": 1,
+               "train.learning_rate": 1e30, "decode.validation_bleu": False}
+  with pytest.raises(train.NonFiniteError, match=(
+      r"non-finite loss, gradient or parameters at step 1 \(loss=\d+\.\d+, grad_norm=\d+\.\d+, "
+      r"param_norm=inf\), not saved; no checkpoint was saved yet\.")):
+    train.train_and_evaluate(make_config(data_dir, overrides), str(tmp_path))
+  assert not os.listdir(checkpoints.checkpoint_dir(str(tmp_path)))
 
 
 def test_other_architecture_names_first_differing_parameter(reference, data_dir, tmp_path):
@@ -212,6 +253,21 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
     evaluate.evaluate_checkpoint(workdir, split="validation")
 
 
+@pytest.mark.parametrize("field, value, before", [("spm_model_type", "bpe", "unigram"),
+                                                  ("vocab_size", 128, 64)])
+def test_resuming_with_another_tokenizer_stops(field, value, before, reference, data_dir,
+                                               tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  config = make_config(data_dir, {**KILL_RUN, f"task.{field}": value})
+  with pytest.raises(ValueError, match=(
+      rf"config field task.{field}={value!r} differs from the {before!r} that the checkpoints "
+      rf"in {workdir} were trained with \({workdir}/config.json\): the tokenizer would change")):
+    train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["task"][field] == before
+
+
 def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   done = subprocess.run(train_command(workdir, data_dir, {"train.nonfinite": "ignore"}),
@@ -220,3 +276,177 @@ def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):
   assert ("error: config field train.nonfinite='ignore' is invalid: must be one of 'raise', "
           "'skip'") in done.stderr
   assert not os.path.exists(workdir)
+
+
+def test_second_run_on_a_workdir_stops_naming_the_first(data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  with locks.hold(workdir):
+    with pytest.raises(locks.WorkdirInUseError,
+                       match=f"workdir {workdir} is in use by process {os.getpid()} on host "):
+      train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
+    done = subprocess.run(train_command(workdir, data_dir, KILL_RUN), capture_output=True,
+                          text=True, check=False)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      f"error: workdir {workdir} is in use by process {os.getpid()} on host ")
+  assert "Traceback" not in done.stderr
+  assert sorted(os.listdir(workdir)) == [locks.LOCK_FILE]  # the second run wrote nothing
+
+
+def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference, data_dir,
+                                                                      tmp_path, caplog):
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  shutil.copy(os.path.join(reference, "config.json"), workdir)  # a run that has just started
+  config = make_config(data_dir, KILL_RUN)
+  with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {workdir}/checkpoints"):
+    evaluate.restore_model(workdir, config, "latest", evaluate.make_mesh())
+  shutil.rmtree(workdir)
+  shutil.copytree(reference, workdir)
+  manager = checkpoints.make_manager(workdir, read_only=True)
+  model_config = config_validation.validate(config)
+  sharding = jax.sharding.NamedSharding(evaluate.make_mesh(), jax.sharding.PartitionSpec())
+
+  def restore_while_training(step):  # the run removes the newest one as it is about to be read
+    if step == 30:
+      shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(workdir), "30"))
+    return checkpoints.restore_model(manager, step, model_config, sharding)
+
+  step, _, damaged = checkpoints.restore_newest(manager, restore_while_training)
+  manager.close()
+  assert (step, damaged) == (28, [])
+  assert "damaged" not in caplog.text  # a vanished checkpoint is no damage
+
+
+def _damage(kind: str, step_dir: str) -> str:
+  """Damages the checkpoint in `step_dir` in one of the ways a full disk or a partial copy
+  does; returns the words the warning must hold."""
+  if kind == "truncated_metadata":
+    with open(os.path.join(step_dir, "state", "_METADATA"), "r+b") as f:
+      f.truncate(100)
+    return "state/_METADATA is not valid JSON"
+  if kind == "missing_array_files":
+    shutil.rmtree(os.path.join(step_dir, "state", "ocdbt.process_0", "d"))
+    return "reading it failed: "
+  if kind == "empty_iterator_state":
+    open(os.path.join(step_dir, "data", "process_0-of-1.json"), "w").close()
+    return "data/process_0-of-1.json is empty"
+  shutil.rmtree(step_dir)  # an empty step folder
+  os.mkdir(step_dir)
+  return "state/_METADATA is missing"
+
+
+def damaged_copy(reference: str, workdir: str, kind: str) -> tuple[str, str]:
+  """A copy of the reference run whose newest checkpoint (30) is damaged: (its folder, the
+  words naming the damage)."""
+  shutil.copytree(reference, workdir)
+  newest = os.path.join(checkpoints.checkpoint_dir(workdir), "30")
+  return newest, _damage(kind, newest)
+
+
+@pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files",
+                                  "empty_iterator_state", "empty_step_folder"])
+def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, reference, data_dir,
+                                                                   tmp_path, caplog):
+  workdir = str(tmp_path / "run")
+  newest, problem = damaged_copy(reference, workdir, kind)
+  train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)  # trains 29 and 30 again
+  assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
+  assert "Resuming from step 28" in caplog.text
+  set_aside = os.listdir(os.path.join(workdir, checkpoints.DAMAGED_DIR))
+  assert len(set_aside) == 1 and set_aside[0].startswith("30.")
+  assert_same_run(workdir, reference)
+
+
+@pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files",
+                                  "empty_step_folder"])
+def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir, tmp_path,
+                                                      caplog):
+  workdir = str(tmp_path / "run")
+  newest, problem = damaged_copy(reference, workdir, kind)
+  config = make_config(data_dir, KILL_RUN)
+  _, step = evaluate.restore_model(workdir, config, "latest", evaluate.make_mesh())
+  assert step == 28
+  assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
+  assert "Evaluating step 28: the newer checkpoints [30] are damaged" in caplog.text
+  with pytest.raises(checkpoints.DamagedCheckpointError, match=f"{newest} is damaged: {problem}"):
+    evaluate.restore_model(workdir, config, 30, evaluate.make_mesh())
+  assert os.path.isdir(newest)  # evaluation moves nothing
+
+
+def test_every_checkpoint_damaged_stops_naming_each(reference, data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  for step in (24, 28, 30):
+    _damage("empty_iterator_state", os.path.join(checkpoints.checkpoint_dir(workdir), str(step)))
+  message = "no checkpoint in .* can be restored: " + " ".join(
+      rf"checkpoint {workdir}/checkpoints/{step} is damaged: data/process_0-of-1.json is empty\."
+      for step in (30, 28, 24))
+  with pytest.raises(checkpoints.DamagedCheckpointError, match=message):
+    train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
+  assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == ["24", "28", "30"]
+
+
+def test_resuming_with_another_process_count_says_how_many(reference, data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  for step in (24, 28, 30):  # as if written by 2 processes
+    data = os.path.join(checkpoints.checkpoint_dir(workdir), str(step), "data")
+    first, second = (os.path.join(data, f"process_{i}-of-2.json") for i in (0, 1))
+    os.rename(os.path.join(data, "process_0-of-1.json"), first)
+    shutil.copy(first, second)
+  with pytest.raises(ValueError, match=r"checkpoint .*/30 was written by 2 processes and this run "
+                                       r"has 1: .* resume with 2 processes"):
+    train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
+
+
+# Run on 1 device: scores the reference run's checkpoint (trained on 4), resumes it from step 28,
+# and trains another run for 8 steps, for the test to resume and score on 4 devices.
+ON_ONE_DEVICE = """
+import json, shutil, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests import test_reliability as t
+from relpos import checkpoints, evaluate, train
+data_dir, reference, resumed, fresh = sys.argv[2:]
+config = t.make_config(data_dir, t.KILL_RUN)
+model, step = evaluate.restore_model(reference, config, "latest", evaluate.make_mesh())
+params = jax.tree.map(lambda x: np.asarray(x).tolist(), checkpoints.split_model(model)[1])
+train.train_and_evaluate(config, resumed)
+config.train.num_steps = 8
+train.train_and_evaluate(config, fresh)
+print(json.dumps({"devices": jax.device_count(), "step": step, "params": params}))
+"""
+
+
+def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, environment,
+                                                       tmp_path):
+  assert jax.device_count() == 4
+  resumed, fresh = str(tmp_path / "resumed"), str(tmp_path / "fresh")
+  shutil.copytree(reference, resumed)
+  shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(resumed), "30"))
+  done = subprocess.run(
+      [sys.executable, "-c", ON_ONE_DEVICE, ROOT, data_dir, reference, resumed, fresh],
+      capture_output=True, text=True, check=False,
+      env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  on_one = json.loads(done.stdout.strip().splitlines()[-1])
+  expected = checkpoints.read_state(reference)
+  assert on_one["devices"] == 1 and on_one["step"] == 30
+  assert on_one["params"] == jax.tree.map(lambda x: x.tolist(), expected["params"])  # bitwise
+  # Resumed on 1 device from a 4-device checkpoint: the same run up to float rounding.
+  resumed_state = checkpoints.read_state(resumed)
+  assert int(resumed_state["step"]) == 30
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               resumed_state["params"], expected["params"])
+  # Trained on 1 device, scored and resumed on 4.
+  config = make_config(data_dir, KILL_RUN)
+  model, step = evaluate.restore_model(fresh, config, "latest", evaluate.make_mesh())
+  assert step == 8
+  for param in jax.tree.leaves(checkpoints.split_model(model)[1]):
+    assert len(param.sharding.device_set) == 4
+  train.train_and_evaluate(make_config(data_dir, {**KILL_RUN, "train.num_steps": 12}), fresh)
+  losses = lambda workdir: [r["loss"] for r in metrics_writer.read_metrics(workdir)
+                            if r["split"] == "train" and r["step"] <= 12]
+  np.testing.assert_allclose(losses(fresh), losses(reference), rtol=1e-4)

@@ -109,7 +109,7 @@ def run_config(row: str, seed: int, task: str,
   """The config of one run: the ablation row on `task`, seeded, with dotted-key overrides.
 
   Raises:
-    ValueError: for an unknown row, task or override field.
+    ValueError: for an unknown row, task or override field, or an override of another type.
   """
   config = ablation.get_config(f"{row},{task}")
   config.seed = seed
@@ -122,7 +122,11 @@ def run_config(row: str, seed: int, task: str,
       parent = parent[name]
     if leaf not in parent:
       raise ValueError(f"override {dotted!r}: no config field {leaf!r}.")
-    parent[leaf] = value  # ConfigDict refuses a value of another type
+    try:
+      parent[leaf] = value
+    except TypeError:  # ConfigDict refuses a value of another type
+      raise ValueError(f"override {dotted}={value!r}: the field holds "
+                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
   return config
 
 
@@ -287,9 +291,18 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   return result
 
 
-def _read_json(path: str) -> Any:
+def _read_result(path: str) -> dict[str, Any]:
+  """A run's result.json.
+
+  Raises:
+    ValueError: naming the file when it is not whole JSON.
+  """
   with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    try:
+      return json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}): delete it to run that run's "
+                       "evaluation again.") from None
 
 
 def collect(output_dir: str) -> list[dict[str, Any]]:
@@ -299,7 +312,7 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
   for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
     path = os.path.join(runs_dir, name, RESULT_FILE)
     if os.path.exists(path):
-      runs.append(_read_json(path))
+      runs.append(_read_result(path))
   order = {(t, r): i for i, (t, r) in enumerate((t, r) for t in TABLES for r in TABLES[t])}
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
@@ -449,7 +462,7 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
           run = running.pop(process)
           done = len(runs) - len(waiting) - len(running)
           if os.path.exists(run.result):
-            _print_finished(_read_json(run.result), done, len(runs))
+            _print_finished(_read_result(run.result), done, len(runs))
             write_outputs(output_dir)
           else:
             failed.append(run)
@@ -480,10 +493,12 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     process ended without a result).
 
   Raises:
-    ValueError: for an unknown table or row, an invalid override or `parallel` < 1.
+    ValueError: for an unknown table or row, an invalid override, no seeds or `parallel` < 1.
   """
   if table not in TABLES:
     raise ValueError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}.")
+  if not seeds:
+    raise ValueError("no seeds to run: --seeds must be at least 1.")
   if parallel < 1:
     raise ValueError(f"parallel={parallel}: must be at least 1.")
   rows = list(rows or TABLES[table])
