@@ -105,4 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
   decode.alpha = 0.6
   decode.max_decode_len = 0  # 0 -> 2 * source length + 10, capped at model.max_len
   decode.validation_bleu = True  # beam-search BLEU at each periodic evaluation
+  # The checkpoint the tables score: best (by validation BLEU) | latest | average:<N> (the
+  # parameters of the last N saved checkpoints averaged; keep train.keep_checkpoints >= N).
+  decode.checkpoint = "best"
   return config

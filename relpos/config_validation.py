@@ -6,6 +6,7 @@ An invalid value raises a ValueError that names the field, the value and what is
 """
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,9 @@ from absl import logging
 from relpos import model as model_lib
 
 TASKS = ("synthetic", "multi30k", "wmt14")
+# The checkpoint a table scores: the best by validation BLEU, the latest, or the average of the
+# parameters of the last N saved ones.
+CHECKPOINT_CHOICE = re.compile(r"best|latest|average:([2-9]|[1-9][0-9]+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +114,8 @@ RULES: dict[str, Rule] = {
     "decode.alpha": number(0.0),
     "decode.max_decode_len": integer(0),
     "decode.validation_bleu": BOOLEAN,
+    "decode.checkpoint": Rule("'best', 'latest' or 'average:<N>' with N >= 2",
+                              lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
 }
 
 # Fields added after runs were saved, with the value that reproduces those runs: a config.json
@@ -118,6 +124,7 @@ DEFAULTS: dict[str, Any] = {
     "train.grad_accumulation_steps": 1,
     "train.early_stopping_patience": 0,
     "train.max_skipped_fraction": 1.0,
+    "decode.checkpoint": "best",
 }
 
 # Sections whose every field has a rule above (other `task.*` fields belong to the data code).

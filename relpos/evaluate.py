@@ -229,12 +229,35 @@ def read_config_json(path: str) -> ml_collections.ConfigDict:
     raise ValueError(f"{path} does not hold a config: {e}") from None
 
 
+AVERAGE_PREFIX = "average:"
+
+
+def average_parameters(models: Sequence[nnx.Module]) -> nnx.Module:
+  """The last of `models` with every parameter replaced by its mean over `models` (checkpoint
+  averaging, as in Vaswani et al. 2017, fairseq and OpenNMT)."""
+  params = [nnx.state(model, nnx.Param) for model in models]
+  nnx.update(models[-1], jax.tree.map(lambda *values: sum(values) / len(values), *params))
+  return models[-1]
+
+
+def _average_count(checkpoint: str | int) -> int | None:
+  """N of "average:N" (N >= 2), None for any other checkpoint name."""
+  if not (isinstance(checkpoint, str) and checkpoint.startswith(AVERAGE_PREFIX)):
+    return None
+  count = checkpoint[len(AVERAGE_PREFIX):]
+  if not count.isdigit() or int(count) < 2:
+    raise ValueError(f"checkpoint={checkpoint!r}: average:<N> needs an integer N >= 2.")
+  return int(count)
+
+
 def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
                   mesh: Mesh) -> tuple[nnx.Module, int]:
-  """The model saved in `workdir` at `checkpoint` ("latest", "best" or a step), and its step.
+  """The model saved in `workdir` at `checkpoint`, and its step.
 
-  "latest" is the newest checkpoint that restores: damaged newer ones are skipped with a
-  warning naming what is wrong and the step restored instead.
+  `checkpoint` is "latest", "best", a step, or "average:N": the parameters of the last N saved
+  checkpoints averaged (the step returned is the last of them). "latest" is the newest
+  checkpoint that restores: damaged newer ones are skipped with a warning naming what is wrong
+  and the step restored instead.
 
   Raises:
     FileNotFoundError: no checkpoint (or not that step) in the workdir.
@@ -247,6 +270,16 @@ def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: s
   restore_step = functools.partial(checkpoints.restore_model, manager, model_config=model_config,
                                    sharding=NamedSharding(mesh, PartitionSpec()))
   try:
+    average = _average_count(checkpoint)
+    if average is not None:
+      checkpoints.resolve_step(manager, "latest")  # says so when no checkpoint is ready
+      steps = sorted(manager.all_steps())
+      if len(steps) < average:
+        raise FileNotFoundError(f"checkpoint={checkpoint!r}: {workdir} holds {len(steps)} "
+                                f"checkpoints ({steps}); keep more with "
+                                f"train.keep_checkpoints.")
+      logging.info("Averaging the parameters of steps %s.", steps[-average:])
+      return average_parameters([restore_step(s) for s in steps[-average:]]), steps[-1]
     if checkpoint != "latest":
       step = checkpoints.resolve_step(manager, checkpoint)
       return restore_step(step), step
@@ -279,7 +312,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
 
   Args:
     workdir: a training workdir (config.json + checkpoints/).
-    checkpoint: "latest", "best" (by validation BLEU) or a step number.
+    checkpoint: "latest", "best" (by validation BLEU), a step number or "average:N" (the last
+      N checkpoints' parameters averaged).
     split: a split of the run's task, e.g. "validation" or "test" (or give input_file).
     input_file: UTF-8 text, one source sentence a line.
     reference_file: references for input_file, one a line (scores need them).

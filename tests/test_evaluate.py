@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from configs import tiny
 from relpos import checkpoints
@@ -196,3 +198,23 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   _, inputs = next(evaluate.source_batches(tokenizer, texts, 2))
   unmasked = np.asarray(decode.translate(model, inputs, beam_size=1, max_decode_len=4))
   assert (unmasked >= tokenizer.vocab_size).all()  # what the tokenizer would choke on
+
+
+def test_average_of_the_last_checkpoints(run, tmp_path):
+  config, workdir, _ = run
+  mesh = evaluate.make_mesh()
+  manager = checkpoints.make_manager(workdir, read_only=True)
+  last_two = sorted(manager.all_steps())[-2:]
+  manager.close()
+  models = [evaluate.restore_model(workdir, config, step, mesh)[0] for step in last_two]
+  averaged, step = evaluate.restore_model(workdir, config, "average:2", mesh)
+  assert step == last_two[-1] == 12
+  want = jax.tree.map(lambda a, b: (a + b) / 2, *(nnx.state(m, nnx.Param) for m in models))
+  jax.tree.map(np.testing.assert_allclose, nnx.state(averaged, nnx.Param), want)
+  result = evaluate.evaluate_checkpoint(workdir, checkpoint="average:2", split="validation",
+                                        output_dir=str(tmp_path))
+  assert result["checkpoint"] == "average:2" and result["step"] == 12
+  with pytest.raises(FileNotFoundError, match=r"holds \d checkpoints.*train\.keep_checkpoints"):
+    evaluate.restore_model(workdir, config, "average:9", mesh)
+  with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
+    evaluate.restore_model(workdir, config, "average:1", mesh)

@@ -25,7 +25,7 @@ from relpos.experiments import runner
 KILLED_BEFORE_RESULT = """
 import os, runpy, signal, sys
 from relpos.experiments import runner
-runner.evaluate_best = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
+runner.evaluate_run = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
 sys.argv = ["run_one", *sys.argv[1:]]
 runpy.run_module("relpos.experiments.run_one", run_name="__main__")
 """

@@ -189,8 +189,9 @@ def validation_curve(workdir: str) -> list[list[float]]:
   return [[step, by_step[step]] for step in sorted(by_step)]
 
 
-def evaluate_best(workdir: str) -> tuple[dict, dict, dict, int]:
-  """Scores the best checkpoint of a run on every evaluation split of its task.
+def evaluate_run(workdir: str) -> tuple[dict, dict, dict, int]:
+  """Scores a run's `decode.checkpoint` (the best by validation BLEU unless set to 'latest' or
+  'average:N') on every evaluation split of its task.
 
   Returns:
     (split -> sacreBLEU/chrF scores, split -> BLEU by source-length bucket (test splits),
@@ -200,7 +201,7 @@ def evaluate_best(workdir: str) -> tuple[dict, dict, dict, int]:
   config = evaluate.load_run_config(workdir)
   mesh = evaluate.make_mesh()
   task = pipeline.get_task(config.task)
-  model, step = evaluate.restore_model(workdir, config, "best", mesh)
+  model, step = evaluate.restore_model(workdir, config, config.decode.checkpoint, mesh)
   scores, by_length = {}, {}
   for split in ("validation",) + EVAL_SPLITS[config.task.name]:
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
@@ -276,7 +277,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
     summary = train.train_and_evaluate(config, workdir)
     if summary["preempted"]:
       return None
-    scores, by_length, statistics, num_params = evaluate_best(workdir)
+    scores, by_length, statistics, num_params = evaluate_run(workdir)
     result = {
         "table": table, "row": row, "seed": seed, "task": task,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
