@@ -5,6 +5,7 @@ Select a row, and optionally the task, in the config string:
   --config=configs/ablation.py:rel_kv            # synthetic task (configs/default.py)
   --config=configs/ablation.py:rel_k,multi30k    # Multi30K model and data (configs/multi30k.py)
   --config=configs/ablation.py:rel_k,multi30k_gpu  # the Multi30K GPU recipe
+  --config=configs/ablation.py:rel_k,tiny        # the tiny smoke-test config
   --config=configs/ablation.py:k=4,wmt14         # Table 2 sweep point on the WMT14 base model
 
 or override the task afterwards (`--config.task.name=...`). A sweep over the clipping distance
@@ -16,6 +17,7 @@ import ml_collections
 from configs import default
 from configs import multi30k
 from configs import multi30k_gpu
+from configs import tiny
 from configs import wmt14_base
 
 # Clipping distances of the paper's Table 2 (relative positions only, no absolute).
@@ -42,6 +44,7 @@ BASES = {
     "synthetic": default.get_config,
     "multi30k": multi30k.get_config,
     "multi30k_gpu": multi30k_gpu.get_config,
+    "tiny": tiny.get_config,  # the synthetic task at smoke-test size
     "wmt14": wmt14_base.get_config,
 }
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from absl import app
 from absl import flags
 from absl import logging
+import ml_collections
 from ml_collections import config_flags
 
 from relpos import evaluate
@@ -64,6 +65,14 @@ def define_config_flag(default: str) -> flags.FlagHolder:
   with _mistakes_as_one_line(sys.argv):
     return config_flags.DEFINE_config_file(
         "config", default, "Config file (configs/*.py[:args]).", lock_config=True)
+
+
+def define_overrides_flag(config: ml_collections.ConfigDict, help_text: str) -> flags.FlagHolder:
+  """Defines --config over a fixed `config` (no file): only its --config.<field>=value
+  overrides are read from the command line, their mistakes one line as for
+  `define_config_flag`."""
+  with _mistakes_as_one_line(sys.argv):
+    return config_flags.DEFINE_config_dict("config", config, help_text, lock_config=True)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

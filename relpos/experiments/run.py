@@ -4,9 +4,11 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
       --output_dir=runs/ablation_synthetic
   python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 \
       --output_dir=runs/k_sweep_synthetic
-  # a reduced budget on every run:
+  # a reduced budget on every run (any config field, as train.py takes it):
   python -m relpos.experiments.run --table=ablation --rows=abs,rel_kv,none --task=multi30k \
-      --set=train.num_steps=2000 --output_dir=runs/ablation_multi30k
+      --config.train.num_steps=2000 --output_dir=runs/ablation_multi30k
+  # any k: python -m relpos.experiments.run --table=k_sweep --rows=k=3,k=8 ...
+  python -m relpos.experiments.run --list     # the tables, their rows and the tasks
   # four runs at once on one accelerator, each a process with a quarter of 90% of its memory:
   python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 --parallel=4 \
       --output_dir=runs/k_sweep_synthetic
@@ -20,29 +22,54 @@ from collections.abc import Sequence
 
 from absl import app
 from absl import flags
+from ml_collections import config_flags
 
+from configs import default
 from relpos import cli
 from relpos.experiments import runner
 
 _TABLE = flags.DEFINE_enum("table", "ablation", list(runner.TABLES), "Which table to run.")
 _TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "Which task.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Number of seeds per row (seeds 0..N-1).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory.", required=True)
-_ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all).")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory (required to run).")
+_ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all); the k sweep "
+                          "takes any k=<int>.")
+_CONFIG = cli.define_overrides_flag(
+    default.get_config(), "Overrides for every run: --config.<field>=<value>, as train.py "
+    "takes them.")
 _SET = flags.DEFINE_multi_string(
-    "set", [], "Config override for every run, `dotted.field=value` (Python literal).")
+    "set", [], "Alias of --config.<field>=<value>: `--set=dotted.field=value` (Python literal).")
+_LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {runner.MEMORY_FRACTION}/N of the accelerator memory.",
     lower_bound=1)
 
 
+def listing() -> str:
+  """The tables with their rows, and the tasks, one per line."""
+  lines = [f"table {table}: {', '.join(rows)}" + (" (or any k=<int>)" if table == "k_sweep"
+                                                  else "")
+           for table, rows in runner.TABLES.items()]
+  return "\n".join(lines + [f"tasks: {', '.join(runner.TASKS)}"])
+
+
+def overrides() -> dict[str, object]:
+  """The --config.<field> overrides of the command line, then the --set ones."""
+  given = dict(config_flags.get_override_values(flags.FLAGS["config"]))
+  return {**given, **dict(runner.parse_override(s) for s in _SET.value)}
+
+
 def main(argv: Sequence[str]) -> None:
+  if _LIST.value:
+    print(listing())
+    return
+  if not _OUTPUT_DIR.value:
+    sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")
   try:
     outputs = cli.run(argv, lambda: runner.run_table(
         _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
-        rows=_ROWS.value, overrides=dict(runner.parse_override(s) for s in _SET.value),
-        parallel=_PARALLEL.value))
+        rows=_ROWS.value, overrides=overrides(), parallel=_PARALLEL.value))
   except KeyboardInterrupt:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])

@@ -59,6 +59,14 @@ TABLES: dict[str, tuple[str, ...]] = {
     "ablation": ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi"),
     "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
 }
+def row_in_table(row: str, table: str) -> bool:
+  """Whether `row` belongs to `table`: one of its rows, or for the k sweep any `k=<int>`."""
+  if table == "k_sweep" and row.startswith("k="):
+    ablation.row_overrides(row)  # a malformed k raises, naming the row
+    return True
+  return row in TABLES[table]
+
+
 # The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
 TASKS = tuple(ablation.BASES)
 # Held-out splits scored per dataset (`config.task.name`).
@@ -504,9 +512,10 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     raise ValueError(f"parallel={parallel}: must be at least 1.")
   rows = list(rows or TABLES[table])
   for row in rows:
-    if row not in TABLES[table]:
+    if not row_in_table(row, table):
+      any_k = " or any k=<int>" if table == "k_sweep" else ""
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
-                       f"{', '.join(TABLES[table])}.")
+                       f"{', '.join(TABLES[table])}{any_k}.")
   for row in rows:  # every config valid before any work
     config_validation.validate(run_config(row, seeds[0], task, overrides))
   pending = []
