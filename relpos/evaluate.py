@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -122,9 +123,14 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
 
   Returns:
     The detokenized translations, in the order of `texts`.
+
+  A progress bar (sentences translated, rate and time left) goes to stderr on process 0; it
+  leaves no line behind.
   """
   sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
   translations: list[str] = [""] * len(texts)
+  progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
+                       dynamic_ncols=True, disable=jax.process_index() != 0)
   for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
     local = process_rows({"inputs": inputs})["inputs"]
     tokens = decode.translate(
@@ -136,6 +142,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     for i, row in zip(example_index, tokens):
       if i >= 0:
         translations[i] = tokenizer.decode(row.tolist())
+    progress.update(int(np.sum(example_index >= 0)))
+  progress.close()
   return translations
 
 

@@ -489,7 +489,7 @@ class _Recorder:
     self._pending: tuple[int, dict[str, jax.Array]] | None = None
     self._sums = {"loss": 0.0, "grad_norm": 0.0}
     self._count = 0
-    self._start = time.perf_counter()
+    self._start: float | None = None  # set when the first step (and its compilation) is done
     self._steps_timed = 0
 
   def push(self, step: int, metrics: dict[str, jax.Array]) -> None:
@@ -509,7 +509,10 @@ class _Recorder:
     step, metrics = self._pending
     self._pending = None
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    self._steps_timed += 1
+    if self._start is None:
+      self.restart_clock()
+    else:
+      self._steps_timed += 1
     self._progress.update(1)
     if not metrics["finite"]:
       self._skip(step, metrics)
@@ -536,15 +539,25 @@ class _Recorder:
           f"than train.max_skipped_fraction={fraction} of the run's {num_steps} steps (step "
           f"{step}: {values}); {kept}.")
 
+  def restart_clock(self) -> None:
+    """Times steps from now: called after the first step (its compilation) and after each
+    evaluation or checkpoint, so steps per second count training alone."""
+    self._steps_timed, self._start = 0, time.perf_counter()
+
   def summary(self) -> dict[str, float | None]:
-    """Means over the finite steps since the last summary (None when every step was skipped),
-    and steps per second."""
+    """Means over the finite steps since the last summary (None when every step was skipped):
+    `smoothed_loss` (the label-smoothed training objective per target token; validation's
+    `loss` is the plain cross-entropy) and `grad_norm`; and training steps per second (None
+    when no step was timed)."""
     self.flush()
-    elapsed = time.perf_counter() - self._start
     means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
-    summary = {**means, "steps_per_second": self._steps_timed / elapsed}
+    elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
+    summary = {"smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
+               "steps_per_second": self._steps_timed / elapsed if self._steps_timed else None}
     self._sums = {k: 0.0 for k in self._sums}
-    self._count, self._steps_timed, self._start = 0, 0, time.perf_counter()
+    self._count = 0
+    if self._start is not None:
+      self.restart_clock()
     return summary
 
 
@@ -702,6 +715,8 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         validation_history.append(eval_metrics)
       if save_now:
         checkpoints.save(manager, state, train_iterator, metrics=_checkpoint_metrics(eval_metrics))
+      if evaluate_now or save_now:
+        recorder.restart_clock()
       result["step"] = step
       patience = train_config.early_stopping_patience
       if evaluate_now and patience and evaluations_since_best(validation_history) >= patience:

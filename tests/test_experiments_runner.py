@@ -274,3 +274,15 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
   # the children were stand-ins: the parent prepared the dataset and the tokenizer
   assert os.listdir(os.path.join(data_dir, "synthetic_translation"))
   assert os.listdir(os.path.join(data_dir, "relpos_tokenizers"))
+
+
+def test_a_finished_run_line_gives_the_table_eta(capsys):
+  result = {"config": {"task": {"name": "synthetic"}}, "workdir": "/x/ablation-abs-seed0",
+            "scores": {"test": {"bleu": 97.25}}, "wall_time_s": 120.4}
+  runner._print_finished(result, 2, 5, time.monotonic() - 600)  # 2 runs in 10 minutes
+  line = capsys.readouterr().out.strip()
+  assert line == ("relpos: run 2 of 5 finished: ablation-abs-seed0 (test BLEU 97.2, 120 s; "
+                  "ETA 15 min for the 3 left)")
+  runner._print_finished(result, 5, 5, time.monotonic() - 600)
+  assert capsys.readouterr().out.strip().endswith("(test BLEU 97.2, 120 s)")
+  assert [runner._duration(s) for s in (40, 720, 3720)] == ["40 s", "12 min", "1 h 02 min"]

@@ -211,8 +211,8 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   result = train.train_and_evaluate(make_config(data_dir, overrides), workdir)
   records = [r for r in strict_records(workdir) if r["split"] == "train"]
   assert [r["skipped_updates"] for r in records] == [0, 0, 1, 1, 1]
-  assert records[2]["loss"] is None and records[2]["grad_norm"] is None  # no finite step in it
-  assert np.isfinite(result["train"]["loss"]) and np.isfinite(result["validation"]["loss"])
+  assert records[2]["smoothed_loss"] is None and records[2]["grad_norm"] is None  # no finite step in it
+  assert np.isfinite(result["train"]["smoothed_loss"]) and np.isfinite(result["validation"]["loss"])
   (before, _), (after, _) = saved(workdir, 2), saved(workdir, 3)
   jax.tree.map(np.testing.assert_array_equal, after["params"], before["params"])
   jax.tree.map(np.testing.assert_array_equal, after["opt_state"], before["opt_state"])
@@ -447,6 +447,6 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
   for param in jax.tree.leaves(checkpoints.split_model(model)[1]):
     assert len(param.sharding.device_set) == 4
   train.train_and_evaluate(make_config(data_dir, {**KILL_RUN, "train.num_steps": 12}), fresh)
-  losses = lambda workdir: [r["loss"] for r in metrics_writer.read_metrics(workdir)
+  losses = lambda workdir: [r["smoothed_loss"] for r in metrics_writer.read_metrics(workdir)
                             if r["split"] == "train" and r["step"] <= 12]
   np.testing.assert_allclose(losses(fresh), losses(reference), rtol=1e-4)

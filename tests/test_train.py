@@ -127,7 +127,7 @@ def test_run_writes_config_metrics_events_and_checkpoints(trained):
   assert result["step"] == NUM_STEPS and not result["preempted"]
   assert result["validation"] == {k: v for k, v in validation[-1].items()
                                   if k not in ("step", "split")}
-  train_losses = [r["loss"] for r in records if r["split"] == "train"]
+  train_losses = [r["smoothed_loss"] for r in records if r["split"] == "train"]
   assert train_losses[-1] < train_losses[0]
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   manager = checkpoints.make_manager(workdir, read_only=True)

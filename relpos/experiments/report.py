@@ -87,7 +87,9 @@ def _scores(runs: list[dict], table: str, row: str, split: str) -> list[float]:
 
 
 def _field(runs: list[dict], table: str, row: str, name: str) -> list[float]:
-  return [r[name] for r in runs if r["table"] == table and r["row"] == row]
+  """The values of `name` in the runs of (table, row) that have one (not None)."""
+  return [r[name] for r in runs
+          if r["table"] == table and r["row"] == row and r.get(name) is not None]
 
 
 def bucket_label(bucket: str) -> str:

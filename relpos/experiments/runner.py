@@ -181,12 +181,12 @@ def _write_json(path: str, data: Any) -> None:
   os.replace(tmp, path)
 
 
-def train_steps_per_second(workdir: str) -> float:
-  """Median training steps per second over the run's logged intervals (robust to the
-  intervals that include an evaluation or a compilation)."""
+def train_steps_per_second(workdir: str) -> float | None:
+  """Median training steps per second over the run's logged intervals (compilation and
+  evaluation time excluded); None when no interval was timed."""
   speeds = [r["steps_per_second"] for r in metrics_writer.read_metrics(workdir)
-            if r["split"] == "train"]
-  return float(np.median(speeds))
+            if r["split"] == "train" and r.get("steps_per_second") is not None]
+  return float(np.median(speeds)) if speeds else None
 
 
 def validation_curve(workdir: str) -> list[list[float]]:
@@ -344,17 +344,28 @@ def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | Non
     pipeline.get_task(run_config(run.row, run.seed, task, overrides).task)
 
 
-def _print_finished(result: dict[str, Any], done: int, total: int) -> None:
-  """One line for a finished run: its first test split's BLEU and its wall time."""
+def _duration(seconds: float) -> str:
+  """"1 h 02 min", "12 min", "40 s"."""
+  if seconds >= 3600:
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _print_finished(result: dict[str, Any], done: int, total: int, started: float) -> None:
+  """One line for a finished run: its first test split's BLEU, its wall time, and the time the
+  table's remaining runs will take at the pace since `started` (time.monotonic)."""
   split = EVAL_SPLITS[result["config"]["task"]["name"]][0]
+  left = (time.monotonic() - started) / done * (total - done)
+  eta = f"; ETA {_duration(left)} for the {total - done} left" if done < total else ""
   print(f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
-        f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s)",
-        flush=True)
+        f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"
+        f"{eta})", flush=True)
 
 
 def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
                     output_dir: str) -> bool:
   """Runs `runs` one after another in this process; returns whether one was preempted."""
+  started = time.monotonic()
   for done, run in enumerate(runs, 1):
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
     result = run_one(run.table, run.row, run.seed, task, run.workdir, overrides)
@@ -362,7 +373,7 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
       logging.warning("Preempted during %s: its checkpoint is saved; rerun the same command "
                       "to resume.", run.workdir)
       return True
-    _print_finished(result, done, len(runs))
+    _print_finished(result, done, len(runs), started)
     write_outputs(output_dir)
   return False
 
@@ -460,6 +471,7 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
   """
   env = child_environment(parallel)
   waiting, running, failed = list(runs), {}, []
+  started = time.monotonic()
   with _StopSignals() as signals:
     try:
       while (waiting or running) and not signals.count:
@@ -471,7 +483,7 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
           run = running.pop(process)
           done = len(runs) - len(waiting) - len(running)
           if os.path.exists(run.result):
-            _print_finished(_read_result(run.result), done, len(runs))
+            _print_finished(_read_result(run.result), done, len(runs), started)
             write_outputs(output_dir)
           else:
             failed.append(run)
