@@ -161,7 +161,7 @@ def test_k_grid_is_the_papers():
 
 @pytest.mark.parametrize("string,message", [
     ("rel_q", "unknown ablation row 'rel_q'; allowed: abs, rel_kv"),
-    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, wmt14"),
+    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, tiny, wmt14"),
     ("k=x", "k must be a non-negative integer"),
     ("rel_kv,synthetic,extra", "expected '<row>' or '<row>,<task>'"),
 ])
