@@ -9,13 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import Mesh
 
 from configs import ablation
 from relpos import attention
-from relpos import config_validation
 from relpos import positions
-from relpos import train
+from test_train import updates_on_one_batch
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 
@@ -88,16 +86,10 @@ def test_recipe_train_steps_in_bfloat16_stay_close_to_float32(row):
   batch = {"inputs": tokens, "targets": tokens[:, ::-1].copy(), "inputs_position": positions_,
            "targets_position": positions_, "inputs_segmentation": np.ones_like(tokens),
            "targets_segmentation": np.ones_like(tokens)}
-  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
   losses = {}
   for dtype in ("float32", "bfloat16"):
     config.model.dtype = dtype
-    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
-    state, history = steps.init(0), []
-    for _ in range(10):
-      state, metrics = steps.train(state, steps.global_batch(batch))
-      history.append(float(metrics["loss"]))
-    losses[dtype] = history
+    losses[dtype], _ = updates_on_one_batch(config, batch, 10)
   assert losses["float32"][-1] < losses["float32"][0]
   np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=0.02)
 

@@ -172,22 +172,28 @@ def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
     train.train_and_evaluate(tiny_config(data_dir), str(tmp_path / "file"))
 
 
+def updates_on_one_batch(config, batch, count: int) -> tuple[list[float], dict]:
+  """(the loss of each of `count` updates on `batch`, the final state on the host), from seed 0
+  on one device."""
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+  state, losses = steps.init(0), []
+  for _ in range(count):
+    state, metrics = steps.train(state, steps.global_batch(batch))
+    losses.append(float(metrics["loss"]))
+  return losses, jax.device_get(state)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_train_steps_stay_close_to_float32(dtype):
   """Five updates on one batch: losses within 2% and parameters (float32 in both) within 0.01
   of the float32 run; the optimizer state stays float32 (float16: under a loss scale)."""
   config = tiny.get_config()
   batch = _random_batch(np.random.default_rng(1), 8, 16, config.task.vocab_size)
-  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
   runs = {}
   for run_dtype in ("float32", dtype):
     config.model.dtype = run_dtype
-    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
-    state, losses = steps.init(0), []
-    for _ in range(5):
-      state, metrics = steps.train(state, steps.global_batch(batch))
-      losses.append(float(metrics["loss"]))
-    runs[run_dtype] = (losses, jax.device_get(state))
+    runs[run_dtype] = updates_on_one_batch(config, batch, 5)
   (losses_32, state_32), (losses_16, state_16) = runs["float32"], runs[dtype]
   assert ("loss_scale" in state_16) == (dtype == "float16")
   assert int(state_16["num_skipped"]) == 0
