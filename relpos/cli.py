@@ -1,5 +1,7 @@
 """Start-up shared by the command-line programs (train.py, eval.py, relpos.experiments.run)."""
 import contextlib
+import logging as python_logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +20,21 @@ from relpos import train
 Result = TypeVar("Result")
 # What a user's input or the state of a workdir can cause: one line, no traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, locks.WorkdirInUseError, train.NonFiniteError)
+# Packages whose warnings speak to their own developers, not to a relpos user (TFDS's "Using
+# custom data configuration ...", Orbax's "Requested `tracked_metric`; did not provide
+# metrics."): without --verbosity only their errors are shown.
+QUIET_PACKAGES = ("orbax", "tensorflow_datasets", "grain")
+
+
+class LibraryNoiseFilter(python_logging.Filter):
+  """Drops records below ERROR logged from a module of QUIET_PACKAGES."""
+
+  def filter(self, record: python_logging.LogRecord) -> bool:
+    parts = record.pathname.split(os.sep)
+    return record.levelno >= python_logging.ERROR or not any(p in parts for p in QUIET_PACKAGES)
+
+
+LIBRARY_NOISE = LibraryNoiseFilter()
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -87,15 +104,17 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def start(multihost: str = "") -> None:
-  """Quiets library INFO logs unless --verbosity was given, then joins a multi-process run.
+  """Quiets library INFO logs and the warnings of QUIET_PACKAGES unless --verbosity was given,
+  then joins a multi-process run.
 
-  Library INFO logs (Orbax, TFDS, absl) would drown the progress bar and the one line per run.
+  Library logs (Orbax, TFDS, absl) would break the progress bar and drown the one line per run.
 
   Raises:
     ValueError: a malformed `multihost`.
   """
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+    logging.get_absl_logger().addFilter(LIBRARY_NOISE)
   evaluate.initialize_distributed(multihost)
 
 

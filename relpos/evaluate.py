@@ -4,10 +4,13 @@
 does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training numbers.
 
 Every sentence is translated: sources are batched by length and padded to a length bucket,
-never filtered or truncated, and each batch may decode up to 2 * (its padded source length)
+never filtered or truncated (sources longer than training's are translated too), and each batch may decode up to 2 * (its padded source length)
 + 10 tokens (capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are
 sacreBLEU (cased, 13a tokenization; and lower-cased) and chrF on detokenized output
-(`Tokenizer.decode`) against the raw reference text, with their signatures.
+(`Tokenizer.decode`) against the raw reference text, with their signatures. An input file
+whose line has more than MAX_SOURCE_TOKENS tokens is refused before any work, naming the line:
+its batch's encoder attention grows with the square of its length (a 5,000-word line asked
+for 123 GB), and a sentence-level model cannot translate a document in one piece anyway.
 
 A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
 """
@@ -35,6 +38,9 @@ from relpos.data import tokenizer as tokenizer_lib
 
 # Source lengths are padded up to a multiple of this, bounding the number of compilations.
 LENGTH_BUCKET = 16
+# The longest source (in tokens, with its EOS) an input file may hold: its batch's attention
+# logits are then at most eval_batch_size * heads * 2048^2 floats a layer (4 GB at 64 x 4).
+MAX_SOURCE_TOKENS = 2048
 EVAL_DIR = "eval"
 CONFIG_FILE = "config.json"
 DATA_AXIS = "data"
@@ -69,9 +75,8 @@ def make_mesh() -> Mesh:
 
 
 def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's share of the rows of a batch that every process holds whole."""
-  index, count = jax.process_index(), jax.process_count()
-  return {k: np.split(np.asarray(v), count)[index] for k, v in batch.items()}
+  """This process's contiguous share of the rows of a batch that every process holds whole."""
+  return pipeline.shard_rows(batch, jax.process_index(), jax.process_count())
 
 
 def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
@@ -198,6 +203,20 @@ def read_sentences(path: str) -> list[str]:
   if not lines:
     raise ValueError(f"{path} is empty: there is no sentence to translate.")
   return lines
+
+
+def check_source_lengths(path: str, sources: Sequence[str],
+                         tokenizer: tokenizer_lib.Tokenizer) -> None:
+  """Refuses an input file holding a source longer than MAX_SOURCE_TOKENS tokens.
+
+  Raises:
+    ValueError: naming the file, the first such line (1-based), its length and the limit.
+  """
+  for line, text in enumerate(sources, start=1):
+    length = len(tokenizer.encode(text))
+    if length > MAX_SOURCE_TOKENS:
+      raise ValueError(f"{path}:{line} has {length} tokens, more than the {MAX_SOURCE_TOKENS} "
+                       f"a source may have: split it into sentences, one a line.")
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
@@ -336,8 +355,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
 
   Raises:
     FileNotFoundError: missing workdir, config.json, checkpoint or input file.
-    ValueError: invalid arguments, an empty or non-UTF-8 input file, a checkpoint of another
-      architecture.
+    ValueError: invalid arguments, an empty or non-UTF-8 input file or one with a line over
+      MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture.
   """
   config = load_run_config(workdir)
   if beam_size is not None:
@@ -351,6 +370,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if input_file is not None:  # Bad files fail before any work.
     name = os.path.basename(input_file)
     sources, references = _file_sentences(input_file, reference_file)
+    check_source_lengths(input_file, sources, pipeline.get_task(config.task).tokenizer)
   mesh = make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
   task = pipeline.get_task(config.task)

@@ -1,6 +1,7 @@
 """Tests for relpos.cli: the start-up of the command-line programs, and each user mistake
 ending the program with one line."""
 import json
+import logging as python_logging
 import os
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def parsed_flags():
   level, was_parsed = absl_logger.level, flags.FLAGS.is_parsed()
   flags.FLAGS.mark_as_parsed()
   yield flags.FLAGS
+  absl_logger.removeFilter(cli.LIBRARY_NOISE)
   flags.FLAGS["verbosity"].present = 0
   if not was_parsed:
     flags.FLAGS.unparse_flags()
@@ -67,6 +69,22 @@ def test_start_quiets_library_logs_and_stays_single_process(parsed_flags):
   logging.set_verbosity(logging.INFO)
   cli.start("")
   assert logging.get_verbosity() == logging.WARNING
+
+
+def _record(path: str, level: int) -> python_logging.LogRecord:
+  return python_logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+
+def test_start_drops_the_warnings_of_orbax_tfds_and_grain(parsed_flags):
+  cli.start("")
+  absl_logger = logging.get_absl_logger()
+  orbax = "/venv/site-packages/orbax/checkpoint/checkpoint_manager.py"
+  tfds = "/venv/site-packages/tensorflow_datasets/core/dataset_builder.py"
+  relpos = os.path.join(ROOT, "relpos", "checkpoints.py")
+  assert not absl_logger.filter(_record(orbax, python_logging.WARNING))
+  assert not absl_logger.filter(_record(tfds, python_logging.WARNING))
+  assert absl_logger.filter(_record(orbax, python_logging.ERROR))
+  assert absl_logger.filter(_record(relpos, python_logging.WARNING))
 
 
 def test_start_keeps_an_explicit_verbosity(parsed_flags):

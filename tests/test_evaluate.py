@@ -77,6 +77,17 @@ def test_input_file_overlong_lines_are_translated(run, tmp_path):
     assert len(f.read().split("\n")) == 4
 
 
+def test_input_file_line_beyond_the_source_bound_is_refused_naming_it(run, tmp_path):
+  config, workdir, _ = run
+  task_sources = pipeline.get_task(config.task).source_texts("validation")
+  document = " ".join(task_sources * 5)  # 2,451 tokens: a document pasted as one line
+  sources = tmp_path / "document.txt"
+  sources.write_text("\n".join([task_sources[0], document]) + "\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=r"document\.txt:2 has 2451 tokens, more than the 2048 "):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(sources), output_dir=str(tmp_path))
+  assert list(tmp_path.iterdir()) == [sources]  # refused before any translation was written
+
+
 class _CharTokenizer:
   """Stands in for the SentencePiece tokenizer: one id per character, then eos."""
 

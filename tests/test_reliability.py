@@ -1,6 +1,7 @@
 """Reliability of training (issue 7): exact resume after SIGKILL, SIGTERM, atomic checkpoints,
 the non-finite guard, and errors that name the culprit with nothing written or lost; one run
-per workdir, damaged checkpoints, and checkpoints moved between device layouts."""
+per workdir, damaged checkpoints, checkpoints moved between device layouts, and two processes
+training as one."""
 import json
 import os
 import random
@@ -21,6 +22,7 @@ from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import train
+from relpos.data import pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
@@ -450,3 +452,57 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
   losses = lambda workdir: [r["smoothed_loss"] for r in metrics_writer.read_metrics(workdir)
                             if r["split"] == "train" and r["step"] <= 12]
   np.testing.assert_allclose(losses(fresh), losses(reference), rtol=1e-4)
+
+
+# Unpacked batches (length buckets) with dropout: what a process takes of each global batch
+# decides its rows' dropout masks, so only contiguous rows make two processes train as one.
+TWO_PROCESS_RUN = {"task.packing": False, "train.num_steps": 4, "train.checkpoint_every_steps": 2,
+                   "train.log_every_steps": 1, "train.eval_every_steps": 100,
+                   "decode.validation_bleu": False}
+# One of two processes (2 devices each): trains 2 steps, resumes to 4, scores the validation
+# split greedily.
+IN_TWO_PROCESSES = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from tests import test_reliability as t
+from relpos import evaluate, train
+data_dir, workdir, multihost = sys.argv[2:]
+evaluate.initialize_distributed(multihost)
+config = t.make_config(data_dir, {**t.TWO_PROCESS_RUN, "train.num_steps": 2})
+train.train_and_evaluate(config, workdir)
+train.train_and_evaluate(t.make_config(data_dir, t.TWO_PROCESS_RUN), workdir)
+result = evaluate.evaluate_checkpoint(workdir, split="validation", beam_size=1)
+print(json.dumps(result))
+"""
+
+
+def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, tmp_path):
+  workdir, reference = str(tmp_path / "two"), str(tmp_path / "one")
+  pipeline.get_task(make_config(data_dir, TWO_PROCESS_RUN).task)  # prepared once, for all three
+  address = f"localhost:{random.randrange(20000, 40000)}"
+  processes = [subprocess.Popen(
+      [sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, f"{address},2,{index}"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+      for index in range(2)]
+  train.train_and_evaluate(make_config(data_dir, TWO_PROCESS_RUN), reference)  # 4 devices
+  expected = evaluate.evaluate_checkpoint(reference, split="validation", beam_size=1)
+  outputs = [process.communicate(timeout=240) for process in processes]
+  for process, (_, stderr) in zip(processes, outputs):
+    assert process.returncode == 0, stderr[-3000:]
+  results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+  assert sorted(os.listdir(os.path.join(checkpoints.checkpoint_dir(workdir), "4", "data"))) == [
+      "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
+  losses = lambda run: [(r["step"], r["smoothed_loss"]) for r in metrics_writer.read_metrics(run)
+                        if r["split"] == "train"]
+  assert [step for step, _ in losses(workdir)] == [1, 2, 3, 4]
+  np.testing.assert_allclose(losses(workdir), losses(reference), rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
+               checkpoints.read_state(workdir)["params"],
+               checkpoints.read_state(reference)["params"])
+  for result in results:
+    assert result["step"] == expected["step"] == 4
+    assert result["bleu"] == expected["bleu"] and result["chrf"] == expected["chrf"]
+  with open(results[0]["translations_file"], encoding="utf-8") as f, open(
+      expected["translations_file"], encoding="utf-8") as g:
+    assert f.read() == g.read()

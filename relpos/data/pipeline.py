@@ -223,8 +223,9 @@ class Task:
     first-fit into rows of task.max_length tokens: batches [batch_size / shard_count,
     task.max_length]. Unpacked: length bucketing; every host builds the same global batches
     from all examples (windows of BUCKET_WINDOW_BATCHES batches sorted by length) and takes
-    its rows, so all hosts agree on the length: [batch_size / shard_count, L], L a multiple
-    of LENGTH_MULTIPLE up to task.max_length.
+    its contiguous block of rows (`shard_rows`), so all hosts agree on the length and any
+    number of hosts trains on the same global batches: [batch_size / shard_count, L], L a
+    multiple of LENGTH_MULTIPLE up to task.max_length.
 
     Args:
       batch_size: the global batch size (rows), divisible by shard_count.
@@ -269,6 +270,14 @@ class Task:
       batch["example_index"] = np.full((batch_size,), -1, np.int32)
       batch["example_index"][:len(index)] = index
       yield batch
+
+
+def shard_rows(batch: dict[str, np.ndarray], shard_index: int, shard_count: int
+               ) -> dict[str, np.ndarray]:
+  """Host `shard_index`'s contiguous block of the rows of a global batch: the rows its devices
+  hold in the global array, so that every process count assembles the same global batch (and
+  each row keeps its dropout mask)."""
+  return {k: np.split(np.asarray(v), shard_count)[shard_index] for k, v in batch.items()}
 
 
 def _truncate(ids: list[int], max_length: int) -> list[int]:
@@ -333,8 +342,7 @@ def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: i
     return [batches[i] for i in permutation]
 
   def host_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    batch = _pad_rows(rows, batch_size, max_length)
-    return {k: v[shard_index::shard_count] for k, v in batch.items()}
+    return shard_rows(_pad_rows(rows, batch_size, max_length), shard_index, shard_count)
 
   windows = (_shuffled_stream(examples, seed)
              .batch(BUCKET_WINDOW_BATCHES * batch_size, batch_fn=list)
