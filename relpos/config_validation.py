@@ -16,8 +16,8 @@ from absl import logging
 from relpos import model as model_lib
 
 TASKS = ("synthetic", "multi30k", "wmt14")
-# The checkpoint a table scores: the best by validation BLEU, the latest, or the average of the
-# parameters of the last N saved ones.
+# The checkpoint a table scores (and eval.py's named ones): the best by validation BLEU, the
+# latest, or the average of the parameters of the last N saved ones (group 1: N).
 CHECKPOINT_CHOICE = re.compile(r"best|latest|average:([2-9]|[1-9][0-9]+)")
 
 
@@ -114,8 +114,9 @@ RULES: dict[str, Rule] = {
     "decode.alpha": number(0.0),
     "decode.max_decode_len": integer(0),
     "decode.validation_bleu": BOOLEAN,
-    "decode.checkpoint": Rule("'best', 'latest' or 'average:<N>' with N >= 2",
-                              lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
+    "decode.checkpoint": Rule(
+        "'best', 'latest' or 'average:<N>' with N >= 2",
+        lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
 }
 
 # Fields added after runs were saved, with the value that reproduces those runs: a config.json

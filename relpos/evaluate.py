@@ -4,13 +4,14 @@
 does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training numbers.
 
 Every sentence is translated: sources are batched by length and padded to a length bucket,
-never filtered or truncated (sources longer than training's are translated too), and each batch may decode up to 2 * (its padded source length)
-+ 10 tokens (capped at `model.max_len`; or `decode.max_decode_len` when set). Scores are
-sacreBLEU (cased, 13a tokenization; and lower-cased) and chrF on detokenized output
-(`Tokenizer.decode`) against the raw reference text, with their signatures. An input file
-whose line has more than MAX_SOURCE_TOKENS tokens is refused before any work, naming the line:
-its batch's encoder attention grows with the square of its length (a 5,000-word line asked
-for 123 GB), and a sentence-level model cannot translate a document in one piece anyway.
+never filtered or truncated (sources longer than training's are translated too), and each
+batch may decode up to 2 * (its padded source length) + 10 tokens (capped at `model.max_len`;
+or `decode.max_decode_len` when set). Scores are sacreBLEU (cased, 13a tokenization; and
+lower-cased) and chrF on detokenized output (`Tokenizer.decode`) against the raw reference
+text, with their signatures. An input file whose line has more than MAX_SOURCE_TOKENS tokens
+is refused before any work, naming the line: its batch's encoder attention grows with the
+square of its length (a 5,000-word line asked for 123 GB), and a sentence-level model cannot
+translate a document in one piece anyway.
 
 A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
 """
@@ -271,10 +272,10 @@ def _average_count(checkpoint: str | int) -> int | None:
   """N of "average:N" (N >= 2), None for any other checkpoint name."""
   if not (isinstance(checkpoint, str) and checkpoint.startswith(AVERAGE_PREFIX)):
     return None
-  count = checkpoint[len(AVERAGE_PREFIX):]
-  if not count.isdigit() or int(count) < 2:
+  chosen = config_validation.CHECKPOINT_CHOICE.fullmatch(checkpoint)
+  if chosen is None:
     raise ValueError(f"checkpoint={checkpoint!r}: average:<N> needs an integer N >= 2.")
-  return int(count)
+  return int(chosen.group(1))
 
 
 def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
@@ -367,13 +368,13 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if (split is None) == (input_file is None):
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
                      f"split={split!r}, input_file={input_file!r}.")
+  task = pipeline.get_task(config.task)
   if input_file is not None:  # Bad files fail before any work.
     name = os.path.basename(input_file)
     sources, references = _file_sentences(input_file, reference_file)
-    check_source_lengths(input_file, sources, pipeline.get_task(config.task).tokenizer)
+    check_source_lengths(input_file, sources, task.tokenizer)
   mesh = make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
-  task = pipeline.get_task(config.task)
   if split is not None:
     if split not in task.splits:
       raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "

@@ -87,7 +87,8 @@ def _results():
 
 
 def test_targets_are_judged_from_the_ratios():
-  verdicts = {t.split(" (")[0]: (met, value) for t, met, value in run.targets(_results()["cpu"], "cpu")}
+  verdicts = {t.split(" (")[0]: (met, value) for t, met, value in run.targets(
+      _results()["cpu"], "cpu")}
   assert verdicts["rel_kv train step <= 1.05x abs"] == ("yes", "1.040x (FLOPs 1.000x)")
   assert verdicts["rel_kv temp memory <= 1.25x plain"] == ("no", "1.30x")
   assert verdicts["cached beam search >= 5.0x uncached"] == ("yes", "10.0x")

@@ -35,7 +35,8 @@ INVALID = {
     "train.early_stopping_patience": -1,
     "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
     "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
-    "decode.checkpoint": "average:1", "decode.alpha": -0.5, "decode.max_decode_len": -1, "decode.validation_bleu": "yes",
+    "decode.checkpoint": "average:1", "decode.alpha": -0.5, "decode.max_decode_len": -1,
+    "decode.validation_bleu": "yes",
 }
 
 
@@ -161,7 +162,8 @@ def test_k_grid_is_the_papers():
 
 @pytest.mark.parametrize("string,message", [
     ("rel_q", "unknown ablation row 'rel_q'; allowed: abs, rel_kv"),
-    ("rel_kv,iwslt", "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, tiny, wmt14"),
+    ("rel_kv,iwslt",
+     "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, tiny, wmt14"),
     ("k=x", "k must be a non-negative integer"),
     ("rel_kv,synthetic,extra", "expected '<row>' or '<row>,<task>'"),
 ])

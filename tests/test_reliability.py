@@ -212,7 +212,8 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   result = train.train_and_evaluate(make_config(data_dir, overrides), workdir)
   records = [r for r in strict_records(workdir) if r["split"] == "train"]
   assert [r["skipped_updates"] for r in records] == [0, 0, 1, 1, 1]
-  assert records[2]["smoothed_loss"] is None and records[2]["grad_norm"] is None  # no finite step in it
+  # No finite step in the third interval.
+  assert records[2]["smoothed_loss"] is None and records[2]["grad_norm"] is None
   assert np.isfinite(result["train"]["smoothed_loss"]) and np.isfinite(result["validation"]["loss"])
   (before, _), (after, _) = saved(workdir, 2), saved(workdir, 3)
   jax.tree.map(np.testing.assert_array_equal, after["params"], before["params"])

@@ -20,15 +20,15 @@ the standard library alone, so it runs before the wheels are in. It
 JOB is `tests` (the test suite, on CPU as conftest.py sets), `gpu_tests` (tests/test_gpu.py on
 the accelerator: cuDNN against XLA, bfloat16 training), `benchmarks` (results.json and
 results.md of benchmarks/, the CPU section kept beside the new one) or `<task>_<table>`
-(`python -m relpos.experiments.run`, 1 seed; `multi30k_gpu_ablation` is the Multi30K GPU recipe). ARGS go to the end of the job's command and win
-over its own flags: `--parallel=2`, `--seeds=3`, `--rows=abs,rel_kv`,
-`--set=train.num_steps=5000`, or pytest's `-n 8 -x`.
+(`python -m relpos.experiments.run`, 1 seed; `multi30k_gpu_ablation` is the Multi30K GPU
+recipe). ARGS go to the end of the job's command and win over its own flags: `--parallel=2`,
+`--seeds=3`, `--rows=abs,rel_kv`, `--set=train.num_steps=5000`, or pytest's `-n 8 -x`.
 
 A table continues across jobs: its output folder is `bundle/results/<JOB>`; unpack the returned
 archive there before the next job (`mkdir -p bundle/results && tar -xzf results.tar.gz -C
-bundle/results`, then carry `bundle` again) and the finished runs are skipped. An unfinished run's checkpoints are too large
-to come back, so it starts again from step 0 in the next job: give each run a budget
-(`--set=train.num_steps=...`) that finishes inside one job.
+bundle/results`, then carry `bundle` again) and the finished runs are skipped. An unfinished
+run's checkpoints are too large to come back, so it starts again from step 0 in the next job:
+give each run a budget (`--set=train.num_steps=...`) that finishes inside one job.
 
 `--dry_run` runs the job at tiny size (seconds to a minute on a CPU) into a temporary results
 folder, for checking the whole path (wheels, data, packing) without a GPU.
@@ -137,7 +137,7 @@ def job_spec(name: str, results_root: str) -> Job:
   """
   if name == "tests":
     return Job(("-m", "pytest", "-q", "tests"), ("-m", "pytest", "-q", "tests/test_positions.py"))
-  if name == "gpu_tests":  # the accelerator tests, with JAX free to take the GPU (not conftest's CPU)
+  if name == "gpu_tests":  # the accelerator tests; JAX may take the GPU (not conftest's CPU)
     args = ("-m", "pytest", "-q", "-rs", "tests/test_gpu.py")
     return Job(args, args, env={"JAX_PLATFORMS": ""})
   output_dir = os.path.join(results_root, name)

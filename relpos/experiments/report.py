@@ -284,7 +284,8 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     if not buckets:
       continue
     lines += [f"BLEU by source length (words), {split}:", "",
-              "| row | " + " | ".join(map(bucket_label, buckets)) + " |", "|" + " --- |" * (len(buckets) + 1)]
+              "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
+              "|" + " --- |" * (len(buckets) + 1)]
     for row in rows:
       cells = []
       for bucket in buckets:
