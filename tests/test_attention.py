@@ -569,3 +569,10 @@ def test_bfloat16_module_keeps_float32_parameters_and_a_bfloat16_cache():
   assert cache["key"].dtype == cache["value"].dtype == jnp.bfloat16
   out, cache = module(_normal(34, (2, 1, 16)), cache=cache, cache_index=0)
   assert out.dtype == jnp.bfloat16 and cache["key"].dtype == jnp.bfloat16
+
+
+def test_without_empty_rows_opens_only_rows_that_attend_nowhere():
+  mask = jnp.array([[True, False, False], [False, False, False], [False, True, True]])
+  opened = attention.without_empty_rows(mask[None, None])[0, 0]
+  np.testing.assert_array_equal(opened, [[True, False, False], [True, True, True],
+                                         [False, True, True]])
