@@ -94,6 +94,12 @@ def test_targets_are_judged_from_the_ratios():
   assert verdicts["cached beam search >= 5.0x uncached"] == ("yes", "10.0x")
 
 
+def test_profile_runs_on_cpu_only():
+  sections = ["train_step", "profile", "decode"]
+  assert run.runnable_sections(sections, "cpu") == sections
+  assert run.runnable_sections(sections, "gpu") == ["train_step", "decode"]
+
+
 def test_markdown_has_every_section():
   text = run.render(_results())
   for heading in ("## cpu: cpu", "### attention", "### train_step", "### profile", "### decode"):
