@@ -132,6 +132,20 @@ def test_restored_iterator_yields_the_same_next_batches(fixture, request):
   assert not np.array_equal(other_seed["inputs"], next(task.train_iterator(8, seed=3))["inputs"])
 
 
+@pytest.mark.parametrize("fixture", ["task", "bucketed_task"])
+def test_prefetching_changes_no_batch_and_no_saved_state(fixture, request, monkeypatch):
+  task = request.getfixturevalue(fixture)
+  prefetched = task.train_iterator(8, seed=3)
+  monkeypatch.setattr(pipeline, "TRAIN_PREFETCH_BATCHES", 0)
+  inline = task.train_iterator(8, seed=3)
+  _assert_same_batches(prefetched, [next(inline) for _ in range(6)])
+  assert prefetched.get_state() == inline.get_state()  # the position after the batches taken
+  monkeypatch.undo()
+  resumed = task.train_iterator(8, seed=3)  # prefetching, from a state saved without it
+  resumed.set_state(json.loads(json.dumps(inline.get_state())))
+  _assert_same_batches(resumed, [next(inline) for _ in range(3)])
+
+
 def test_bucketed_batches_group_lengths_and_cover_an_epoch(bucketed_task):
   iterator = bucketed_task.train_iterator(10, seed=0)
   window = pipeline.BUCKET_WINDOW_BATCHES

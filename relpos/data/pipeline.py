@@ -39,6 +39,9 @@ BUCKET_WINDOW_BATCHES = 16
 # Examples tokenized at a time (tokenizing runs on several threads).
 CHUNK = 4096
 _NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+# Training batches made ahead by a background thread while the device runs a step (packing
+# is Python: 46 ms a synthetic batch, 116 ms a Multi30K GPU-recipe batch on 2 CPU cores).
+TRAIN_PREFETCH_BATCHES = 2
 
 _LOADERS: dict[str, Callable[[ml_collections.ConfigDict, str], datasets.PairDataset]] = {
     "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load}
@@ -234,8 +237,9 @@ class Task:
         index and count).
 
     Returns:
-      A grain DatasetIterator of batches with the keys of BATCH_KEYS; its get_state() is a
-      small JSON-able dict and set_state() resumes exactly.
+      A grain DatasetIterator of batches with the keys of BATCH_KEYS, made TRAIN_PREFETCH_BATCHES
+      ahead on a background thread; its get_state() (a small JSON-able dict) is the position
+      after the last batch returned, and set_state() resumes exactly.
     """
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
@@ -253,7 +257,8 @@ class Task:
     else:
       dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed,
                                   shard_index, shard_count)
-    return iter(dataset)
+    return iter(grain.experimental.ThreadPrefetchIterDataset(
+        dataset, prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
 
   def eval_batches(self, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """The whole split in stored order: nothing dropped or truncated, unpacked.
