@@ -66,6 +66,19 @@ def test_run_until_stops_the_job_at_the_deadline(tmp_path):
   assert "started\n" in text and "saved\n" in text and "SIGKILL.\n" in text
 
 
+def test_run_progress_reads_the_last_progress_bar_of_a_run_log(tmp_path):
+  log = tmp_path / "run.log"
+  log.write_bytes(b"\r  0%|   | 0/8000 [00:00<?, ?step/s]\r 68%|###   | 5434/8000 [07:15<03:25, "
+                  b"12.45step/s]\r 68%|###   | 5435/8000 [07:16<03:25, 12.46step/s, loss=1.58]"
+                  b"\nW1123 train.py:728] Preempted: saved step 5435\n")
+  assert gpu_job.run_progress(str(log)) == "step 5435 of 8000, 12.46 steps/s"
+  log.write_bytes(b"\r  0%|   | 1/8000 [00:42<93:23:06, 40.00s/step]\nerror: non-finite\n")
+  assert gpu_job.run_progress(str(log)) == "step 1 of 8000, 0.025 steps/s"
+  log.write_bytes(b"error: the config is wrong\n")
+  assert gpu_job.run_progress(str(log)) is None
+  assert gpu_job.run_progress(str(tmp_path / "missing.log")) is None
+
+
 def test_write_archive_leaves_out_the_largest_files_until_it_fits(tmp_path):
   sizes = {"small.json": 1000, "large.bin": 200_000, "medium.bin": 50_000}
   for name, size in sizes.items():

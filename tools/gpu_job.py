@@ -14,8 +14,9 @@ the standard library alone, so it runs before the wheels are in. It
    with SIGTERM (to its whole process group) once the time budget nears: a training run saves a
    checkpoint and returns, the table writes its outputs; SIGKILL follows after STOP_GRACE_S;
 3. packs into $OUT: job.log, job.json (command, exit status, versions, finished and unfinished
-   runs, returned files), the job's own result files and, for a table, `results.tar.gz` of its
-   output folder: finished runs only, no checkpoints.
+   runs, the step and steps/s each unfinished run reached, returned files), the job's own
+   result files and, for a table, `results.tar.gz` of its output folder: finished runs only,
+   no checkpoints.
 
 JOB is `tests` (the test suite, on CPU as conftest.py sets), `gpu_tests` (tests/test_gpu.py on
 the accelerator: cuDNN against XLA, bfloat16 training), `benchmarks` (results.json and
@@ -279,6 +280,25 @@ def table_runs(table_dir: str) -> tuple[list[str], list[str]]:
   return finished, [n for n in names if n not in finished]
 
 
+# A tqdm update of a training run's log: "5435/8000 [07:16<03:25, 12.46step/s" (or, below one
+# step a second, "1/8000 [00:42<93:23:06, 42.03s/step").
+_PROGRESS = re.compile(rb"(\d+)/(\d+) \[[^\]]*?([\d.]+)(step/s|s/step)")
+
+
+def run_progress(log_path: str, tail_bytes: int = 65536) -> str | None:
+  """'step N of M, R steps/s' from the last progress bar in a run's log, or None."""
+  if not os.path.exists(log_path):
+    return None
+  with open(log_path, "rb") as f:
+    f.seek(max(0, os.path.getsize(log_path) - tail_bytes))
+    matches = _PROGRESS.findall(f.read())
+  if not matches:
+    return None
+  step, total, rate, unit = (m.decode() for m in matches[-1])
+  steps_per_second = float(rate) if unit == "step/s" else 1 / float(rate)
+  return f"step {step} of {total}, {steps_per_second:.4g} steps/s"
+
+
 def table_files(table_dir: str) -> list[str]:
   """The files of a table's output folder worth returning: no checkpoints, no unfinished run."""
   _, unfinished = table_runs(table_dir)
@@ -355,7 +375,12 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
     finished, unfinished = table_runs(job.table_dir)
     left_out = write_archive(table_files(job.table_dir), results_root,
                              os.path.join(out, ARCHIVE_NAME))
-    summary.update(finished_runs=finished, unfinished_runs=unfinished, left_out=left_out)
+    progress = {n: run_progress(os.path.join(job.table_dir, "runs", n, "run.log"))
+                for n in unfinished}
+    summary.update(finished_runs=finished, unfinished_runs=unfinished, left_out=left_out,
+                   unfinished_progress=progress)
+    for name, reached in progress.items():
+      log.say(f"unfinished {name}: {reached or 'no training step logged'}")
     log.say(f"{len(finished)} finished runs returned in {ARCHIVE_NAME}"
             + (f"; left out for size: {', '.join(left_out)}" if left_out else "")
             + (f"; unfinished (they start again from step 0 next time): {', '.join(unfinished)}"
