@@ -164,9 +164,9 @@ def render(all_results: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def runnable_sections(names: list[str], backend: str) -> list[str]:
-  """The sections of `names` that run on `backend` (CPU_ONLY ones on a CPU alone)."""
-  return [n for n in names if backend == "cpu" or n not in CPU_ONLY]
+def runs_on(section: str, backend: str) -> bool:
+  """Whether `section` runs on `backend` (CPU_ONLY ones on a CPU alone)."""
+  return backend == "cpu" or section not in CPU_ONLY
 
 
 def _write(path: str, text: str) -> None:
@@ -190,7 +190,7 @@ def main(argv: list[str]) -> None:
   results = all_results.setdefault(backend, {})
   results["machine"] = common.machine()
   for name in _SECTIONS.value:
-    if name not in runnable_sections([name], backend):
+    if not runs_on(name, backend):
       common.progress(f"section {name}: skipped, it reads XLA:CPU's trace (CPU only)")
       continue
     common.progress(f"section {name}")

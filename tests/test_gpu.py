@@ -37,6 +37,25 @@ def _cases(length):
   }
 
 
+GRADIENT_NAMES = ("query", "key", "value")
+
+
+def _on_cudnn_and_xla(loss, query, key, value):
+  """[(gradients of `loss` in query, key, value; its aux output)] with implementation='cudnn',
+  then 'xla'; `loss(implementation, query, key, value)` returns (scalar, aux)."""
+  grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
+  return [grad(implementation, query, key, value) for implementation in ("cudnn", "xla")]
+
+
+def _assert_gradients_close(grads_cudnn, grads_xla, weight=1.0):
+  """Each of cuDNN's gradients times `weight` equals XLA's within BF16_ATOL of XLA's largest."""
+  for name, a, b in zip(GRADIENT_NAMES, grads_cudnn, grads_xla):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    scale = float(jnp.max(jnp.abs(b)))
+    np.testing.assert_allclose(a * weight / scale, b * weight / scale, atol=BF16_ATOL,
+                               err_msg=name)
+
+
 @pytest.mark.parametrize("variant", ["plain", "rel_k", "t5", "alibi"])
 def test_cudnn_equals_xla_forward_and_backward(variant):
   length = 64
@@ -48,17 +67,10 @@ def test_cudnn_equals_xla_forward_and_backward(variant):
                                                    implementation=implementation, **kwargs)
     return jnp.sum(out.astype(jnp.float32) * _normal(13, out.shape, jnp.float32)), out
 
-  results = {}
-  for implementation in ("cudnn", "xla"):
-    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3), has_aux=True), static_argnums=0)
-    results[implementation] = grad(implementation, query, key, value)
-  (grads_cudnn, out_cudnn), (grads_xla, out_xla) = results["cudnn"], results["xla"]
+  (grads_cudnn, out_cudnn), (grads_xla, out_xla) = _on_cudnn_and_xla(loss, query, key, value)
   np.testing.assert_allclose(out_cudnn.astype(jnp.float32), out_xla.astype(jnp.float32),
                              atol=BF16_ATOL)
-  for name, a, b in zip(("query", "key", "value"), grads_cudnn, grads_xla):
-    scale = float(jnp.max(jnp.abs(b.astype(jnp.float32))))
-    np.testing.assert_allclose(a.astype(jnp.float32) / scale, b.astype(jnp.float32) / scale,
-                               atol=BF16_ATOL, err_msg=name)
+  _assert_gradients_close(grads_cudnn, grads_xla)
 
 
 def test_cudnn_gradients_stay_finite_with_padded_rows():
@@ -73,17 +85,12 @@ def test_cudnn_gradients_stay_finite_with_padded_rows():
   def loss(implementation, query, key, value):
     out = attention.relative_dot_product_attention(query, key, value, mask=mask,
                                                    implementation=implementation)
-    return jnp.sum(out.astype(jnp.float32) * real * _normal(43, out.shape, jnp.float32))
+    return jnp.sum(out.astype(jnp.float32) * real * _normal(43, out.shape, jnp.float32)), out
 
-  grads = {}
-  for implementation in ("cudnn", "xla"):
-    grad = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
-    grads[implementation] = grad(implementation, query, key, value)
-  for name, a, b in zip(("query", "key", "value"), grads["cudnn"], grads["xla"]):
-    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    assert bool(jnp.all(jnp.isfinite(a))), name
-    scale = float(jnp.max(jnp.abs(b)))
-    np.testing.assert_allclose(a * real / scale, b * real / scale, atol=BF16_ATOL, err_msg=name)
+  (grads_cudnn, _), (grads_xla, _) = _on_cudnn_and_xla(loss, query, key, value)
+  for name, grad in zip(GRADIENT_NAMES, grads_cudnn):
+    assert bool(jnp.all(jnp.isfinite(grad))), name
+  _assert_gradients_close(grads_cudnn, grads_xla, weight=real)
 
 
 def test_auto_compiles_to_cudnn_where_it_can_run():
