@@ -1,6 +1,7 @@
 """Evaluates a checkpoint: `python eval.py --workdir=runs/x --checkpoint=best --split=test`.
 
-Rebuilds the model from `<workdir>/config.json` (never executing code from the workdir),
+Rebuilds the model from `<workdir>/config.json` (never executing code from the workdir; the
+modules the run imported with --import, recorded in `<workdir>/imports.json`, are imported),
 translates a split (--split) or a file of source sentences (--input, with --reference for
 scores) with beam search, and writes the translations and a JSON of sacreBLEU (score and
 signature), chrF, the number of sentences and the checkpoint step to --output_dir
@@ -14,6 +15,7 @@ from absl import flags
 from relpos import cli
 from relpos import evaluate
 
+_IMPORT = cli.define_import_flag()  # besides the modules the run recorded (imports.json)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest", "latest, best, a step number, or average:N (the parameters of the "

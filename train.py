@@ -1,9 +1,10 @@
 """Trains a relpos model: `python train.py --config=configs/ablation.py:rel_kv --workdir=runs/x`.
 
-Any config field can be overridden, e.g. `--config.model.max_relative_position=8`. Starting
+Any config field can be overridden, e.g. `--config.model.max_relative_position=8`; a position
+variant of your own is trained with `--import=my_variant.py --config.model.position=<its name>`. Starting
 again with the same --workdir resumes from its latest checkpoint; SIGTERM saves a checkpoint
 and exits with status 0. On several hosts pass --multihost
-(see relpos.evaluate.initialize_distributed).
+(see relpos.runtime.initialize_distributed).
 """
 import json
 
@@ -13,6 +14,7 @@ from absl import flags
 from relpos import cli
 from relpos import train
 
+_IMPORT = cli.define_import_flag()  # first: its variants must exist when the config loads
 _CONFIG = cli.define_config_flag("configs/default.py")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
                                required=True)

@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from relpos import attention
 from relpos import positions
+from relpos.kernels import fused
+from relpos.kernels import relative as kernel
 
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 QUICK_LENGTHS = (64, 256, 1024)
@@ -102,7 +103,7 @@ def variant_output(variant: str, max_distance: int, params: dict[str, jax.Array]
       [batch, 1, n, n] and 'positions' [batch, n].
   """
   mask = layout["mask"]
-  call = functools.partial(attention.relative_dot_product_attention, query, key, value)
+  call = functools.partial(kernel.relative_dot_product_attention, query, key, value)
   if variant == "plain":
     return call(mask=mask)
   if variant in ("rel_k", "rel_v", "rel_kv"):
@@ -121,7 +122,7 @@ def variant_output(variant: str, max_distance: int, params: dict[str, jax.Array]
                 mask=mask)
   if variant == "rope":
     arange = jnp.arange(query.shape[1])[None]
-    return attention.relative_dot_product_attention(
+    return kernel.relative_dot_product_attention(
         positions.apply_rope(query, arange), positions.apply_rope(key, arange), value, mask=mask)
   if variant == "naive":
     return _naive_attention(query, key, value, params["rel_key"], params["rel_value"],
@@ -196,12 +197,12 @@ def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
   biases = {"plain": None, "t5": _t5_bias(params["t5"], length),
             "alibi": positions.alibi_bias(arange, arange, positions.alibi_slopes(HEADS))}
   for name, bias in biases.items():
-    fused = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=layout["mask"],
-                                         implementation="xla")
-    result[f"{name}_vs_dot_product_attention"] = float(jnp.max(jnp.abs(out[name] - fused)))
-  folded = attention.bias_attention(query, key, value, rel_key=params["rel_key"],
-                                    max_distance=max_distance, mask=layout["mask"],
-                                    implementation="xla")
+    reference = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=layout["mask"],
+                                             implementation="xla")
+    result[f"{name}_vs_dot_product_attention"] = float(jnp.max(jnp.abs(out[name] - reference)))
+  folded = fused.bias_attention(query, key, value, rel_key=params["rel_key"],
+                                max_distance=max_distance, mask=layout["mask"],
+                                implementation="xla")
   result["rel_k_folded_into_bias"] = float(jnp.max(jnp.abs(out["rel_k"] - folded)))
   return result
 

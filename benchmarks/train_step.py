@@ -17,8 +17,9 @@ import numpy as np
 from benchmarks import common
 from configs import ablation
 from relpos import config_validation
-from relpos import evaluate
+from relpos import runtime
 from relpos import train as train_lib
+from relpos.data import pipeline
 
 VARIANTS = ("abs", "rel_kv", "rel_k", "rel_v", "t5", "rope", "alibi", "none")
 QUICK_VARIANTS = ("abs", "rel_kv", "t5")
@@ -42,7 +43,7 @@ def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict
   padding (token, position and segment 0), like the packing of `relpos.data.pipeline`.
   """
   rng = np.random.default_rng(seed)
-  batch = {key: np.zeros((rows, length), np.int32) for key in train_lib.BATCH_KEYS}
+  batch = {key: np.zeros((rows, length), np.int32) for key in pipeline.BATCH_KEYS}
   for row in range(rows):
     for side in ("inputs", "targets"):
       start, segment = 0, 1
@@ -78,7 +79,7 @@ def compiled_step(row: str, task: str) -> CompiledStep:
   """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
   config = _config(row, task)
   model_config = config_validation.validate(config)
-  steps = train_lib.Steps(evaluate.make_mesh(), model_config, config.train)
+  steps = train_lib.Steps(runtime.make_mesh(), model_config, config.train)
   batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
                                           model_config.vocab_size))
   state = steps.init(config.seed)

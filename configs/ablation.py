@@ -19,6 +19,7 @@ from configs import multi30k
 from configs import multi30k_gpu
 from configs import tiny
 from configs import wmt14_base
+from relpos import variants
 
 # Clipping distances of the paper's Table 2 (relative positions only, no absolute).
 K_GRID = (0, 1, 2, 4, 16, 64, 256)
@@ -51,21 +52,32 @@ BASES = {
 _K_PREFIX = "k="
 
 
+def variant_rows() -> tuple[str, ...]:
+  """Registered position variants without a row of `ROWS` named after them (a user's own,
+  imported with --import): each is a row of its own name, with its fields at their defaults."""
+  return tuple(name for name in variants.names() if name not in ROWS
+               and name not in {row["position"] for row in ROWS.values()})
+
+
 def row_overrides(row: str) -> dict[str, object]:
-  """`config.model` overrides of a row: a name of `ROWS`, or `k=<int>` (rel_kv with that k).
+  """`config.model` overrides of a row: a name of `ROWS`, `k=<int>` (rel_kv with that k), or a
+  name of `variant_rows()`.
 
   Raises:
     ValueError: for an unknown row name or a malformed k.
   """
   if row in ROWS:
     return dict(ROWS[row])
+  if row in variant_rows():
+    return {"position": row, "add_absolute": False}
   if row.startswith(_K_PREFIX):
     k = row[len(_K_PREFIX):]
     if not k.isdigit():
       raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
     return {**ROWS["rel_kv"], "max_relative_position": int(k)}
-  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join(ROWS)} or k=<int> "
-                   f"(the paper's grid: {', '.join(map(str, K_GRID))}).")
+  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *variant_rows()))} "
+                   f"or k=<int> (the paper's grid: {', '.join(map(str, K_GRID))}); a variant of "
+                   f"your own: --import=<its module>.")
 
 
 def get_config(config_string: str = "rel_kv") -> ml_collections.ConfigDict:

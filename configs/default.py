@@ -6,6 +6,8 @@ Every field below can be overridden on the command line, e.g.
 """
 import ml_collections
 
+from relpos import model as model_lib
+
 
 def get_config() -> ml_collections.ConfigDict:
   """Returns the default (synthetic task, CPU-sized, `rel_kv`) configuration."""
@@ -39,39 +41,11 @@ def get_config() -> ml_collections.ConfigDict:
   synthetic.long_max_words = 24
 
   # --- model ----------------------------------------------------------------
-  model = config.model = ml_collections.ConfigDict()
-  model.emb_dim = 64
-  model.num_heads = 4
-  model.qkv_dim = 64
-  model.mlp_dim = 128
-  model.num_encoder_layers = 2
-  model.num_decoder_layers = 2
-  model.dropout_rate = 0.1
-  model.attention_dropout_rate = 0.0
-  model.pre_layer_norm = True
-  model.share_embeddings = True  # source and target embeddings (shared vocab)
-  model.logits_via_embedding = True
-  model.max_len = 256  # longest sequence (absolute tables, decode cache)
-  # Position information: absolute | relative | t5 | rope | alibi | none.
-  model.position = "relative"
-  model.absolute_type = "sinusoidal"  # sinusoidal | t2t_timing_signal | learned
-  model.add_absolute = False  # relative + absolute encodings (row abs_rel_kv)
-  model.max_relative_position = 16  # k: distances clipped to [-k, k]
-  model.relative_key = True  # a^K
-  model.relative_value = True  # a^V
-  model.relative_per_head = False  # tables shared across heads by default
-  model.relative_shared_across_layers = False  # one table per layer by default
-  model.t5_num_buckets = 32
-  model.t5_max_distance = 128
-  model.t5_shared_across_layers = True
-  model.rope_base = 10000.0
-  # Compute dtype of activations, matmuls and the decode cache: float32 | bfloat16 | float16.
-  # Parameters, optimizer state, attention logits and softmax, output logits and the loss stay
-  # float32.
-  model.dtype = "float32"
-  # Attention kernel: auto (cuDNN's fused kernel where it can run, else XLA) | xla | cudnn
-  # (raises where it cannot run: CPU, float32, a^V, attention dropout).
-  model.attention_implementation = "auto"
+  # Every model.* field at its default; each field's default, rule and meaning are declared
+  # once: the architecture's in relpos/model.py (FIELDS), each position variant's own (k,
+  # a^K / a^V switches, T5 buckets, ...) in its module of relpos/variants/. The default
+  # variant is model.position = "relative" (Shaw et al., k = 16, a^K and a^V).
+  config.model = model_lib.default_config()
 
   # --- training -------------------------------------------------------------
   train = config.train = ml_collections.ConfigDict()

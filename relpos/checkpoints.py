@@ -36,34 +36,15 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import model as model_lib
+from relpos import runtime
 
 PyTree = Any
 Restored = TypeVar("Restored")
-CHECKPOINT_DIR = "checkpoints"
-DAMAGED_DIR = "damaged_checkpoints"  # where training moves damaged checkpoints (never deleted)
 STATE_METADATA = os.path.join("state", "_METADATA")
 
 
 class DamagedCheckpointError(ValueError):
   """A checkpoint whose files are missing, truncated or unreadable."""
-
-
-def build_model(model_config: model_lib.TransformerConfig, seed: int) -> model_lib.Transformer:
-  """A freshly initialized Transformer: parameters and dropout stream from `seed`."""
-  params_key, dropout_key = jax.random.split(jax.random.key(seed))
-  return model_lib.Transformer(model_config, rngs=nnx.Rngs(params=params_key, dropout=dropout_key))
-
-
-def split_model(model: model_lib.Transformer) -> tuple[nnx.GraphDef, PyTree, PyTree]:
-  """(graphdef, params, rng) of a model; params and rng as pure nested dicts."""
-  graphdef, params, rng = nnx.split(model, nnx.Param, nnx.RngState)
-  return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rng)
-
-
-def abstract_model(model_config: model_lib.TransformerConfig
-                   ) -> tuple[nnx.GraphDef, PyTree, PyTree]:
-  """`split_model` of the model `model_config` builds, with jax.ShapeDtypeStruct leaves."""
-  return split_model(nnx.eval_shape(lambda: build_model(model_config, 0)))
 
 
 def best_metric(metrics: dict[str, float]) -> float:
@@ -72,7 +53,7 @@ def best_metric(metrics: dict[str, float]) -> float:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+  return os.path.join(os.path.abspath(workdir), runtime.CHECKPOINT_DIR)
 
 
 def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp.CheckpointManager:
@@ -249,11 +230,11 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
 
 
 def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
-  """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/DAMAGED_DIR/`, out of the
+  """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/runtime.DAMAGED_DIR/`, out of the
   manager's sight, so that the run can save those steps again; nothing is deleted."""
   if jax.process_index() == 0:
     for step in steps:
-      target = os.path.join(os.path.dirname(str(manager.directory)), DAMAGED_DIR,
+      target = os.path.join(os.path.dirname(str(manager.directory)), runtime.DAMAGED_DIR,
                             f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.rename(step_dir(manager, step), target)
@@ -364,7 +345,7 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
     ValueError: naming the first parameter whose shape differs from the config's.
     DamagedCheckpointError: naming what is missing or unreadable.
   """
-  graphdef, params, rng = abstract_model(model_config)
+  graphdef, params, rng = model_lib.abstract_model(model_config)
   check_files(manager, step, with_data=False)
   check_architecture(manager, step, params)
   target = dict(_as_saved(manager, step, sharding))

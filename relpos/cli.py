@@ -5,7 +5,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from absl import app
 from absl import flags
@@ -13,8 +13,8 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
-from relpos import evaluate
 from relpos import locks
+from relpos import runtime
 from relpos import train
 
 Result = TypeVar("Result")
@@ -38,7 +38,7 @@ LIBRARY_NOISE = LibraryNoiseFilter()
 
 
 def define_multihost_flag() -> flags.FlagHolder:
-  """Defines --multihost (see `relpos.evaluate.initialize_distributed`)."""
+  """Defines --multihost (see `relpos.runtime.initialize_distributed`)."""
   return flags.DEFINE_string(
       "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
       "'<coordinator host:port>,<num_processes>,<process_id>'.")
@@ -73,6 +73,32 @@ def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
     sys.exit(f"error: {_one_line(e)}")
   except (LookupError, AttributeError) as e:  # ml_collections: an override of a missing field
     sys.exit(f"error: {_unknown_field(argv, e)}")
+
+
+def _imports_in(argv: Sequence[str]) -> list[str]:
+  """The values of every --import=X (or --import X) in a command line."""
+  found = []
+  for i, arg in enumerate(argv):
+    if arg.startswith("--import="):
+      found.append(arg.split("=", 1)[1])
+    elif arg == "--import" and i + 1 < len(argv):
+      found.append(argv[i + 1])
+  return found
+
+
+def define_import_flag() -> flags.FlagHolder:
+  """Defines --import (repeatable) and imports its modules at once, before any config is built
+  or validated, so that the position variants they register can be configured and trained
+  (like fairseq's --user-dir). Call it before the config flags. A module that cannot be
+  imported ends the program with one line."""
+  holder = flags.DEFINE_multi_string(
+      "import", [], "A module of your own to import first (a module name, or the path of a "
+      ".py file), e.g. one that registers a position variant; repeatable.")
+  try:
+    runtime.import_modules(_imports_in(sys.argv))
+  except ValueError as e:
+    sys.exit(f"error: {e}")
+  return holder
 
 
 def define_config_flag(default: str) -> flags.FlagHolder:
@@ -115,7 +141,7 @@ def start(multihost: str = "") -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
-  evaluate.initialize_distributed(multihost)
+  runtime.initialize_distributed(multihost)
 
 
 def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:

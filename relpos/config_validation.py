@@ -1,19 +1,21 @@
 """Validation of a run's config, once at start, before any work.
 
-Every field of `configs/default.py` outside `model.*` has a rule here; `model.*` is
-validated by `relpos.model.TransformerConfig` (one source of truth for the architecture).
-An invalid value raises a ValueError that names the field, the value and what is allowed.
+Every field outside `model.*` has its `relpos.fields.Field` here (`FIELDS`); `model.*` fields
+are those of `relpos.model.FIELDS` and of the position variants (`relpos.variants`), checked by
+`relpos.model.TransformerConfig.from_config`. One system (`relpos.fields.resolve`) checks them
+all: an invalid value raises a ValueError that names the field, the value and what is allowed;
+a field with a default that a config lacks (a config.json written before the field existed)
+takes the default, with a warning.
 """
-import dataclasses
-import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 import ml_collections
-from absl import logging
 
+from relpos import fields
 from relpos import model as model_lib
+from relpos.fields import BOOLEAN, NON_EMPTY_STRING, REQUIRED, STRING, Field, integer, number
+from relpos.fields import one_of
 
 TASKS = ("synthetic", "multi30k", "wmt14")
 # The checkpoint a table scores (and eval.py's named ones): the best by validation BLEU, the
@@ -21,147 +23,90 @@ TASKS = ("synthetic", "multi30k", "wmt14")
 CHECKPOINT_CHOICE = re.compile(r"best|latest|average:([2-9]|[1-9][0-9]+)")
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """What a config field accepts.
-
-  Attributes:
-    allowed: words for the error message, e.g. "an integer >= 1".
-    check: returns True when the value is allowed.
-  """
-  allowed: str
-  check: Callable[[Any], bool]
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-  return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def one_of(*values: str) -> Rule:
-  return Rule(f"one of {', '.join(map(repr, values))}", lambda v: v in values)
-
-
-def integer(minimum: int) -> Rule:
-  return Rule(f"an integer >= {minimum}", lambda v: _is_int(v) and v >= minimum)
-
-
-def number(minimum: float, maximum: float = math.inf, *, open_min: bool = False,
-           open_max: bool = False) -> Rule:
-  """A finite number in an interval, closed unless `open_min` / `open_max`."""
-  low, high = "(" if open_min else "[", ")" if open_max or maximum == math.inf else "]"
-  def check(v: Any) -> bool:
-    if not _is_number(v):
-      return False
-    above = v > minimum if open_min else v >= minimum
-    below = v < maximum if open_max else v <= maximum
-    return above and below
-  return Rule(f"a number in {low}{minimum}, {maximum}{high}", check)
-
-
-BOOLEAN = Rule("True or False", lambda v: isinstance(v, bool))
-STRING = Rule("a string", lambda v: isinstance(v, str))
-NON_EMPTY_STRING = Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v))
-
-# Field path -> rule, for every field outside `model.*`.
-RULES: dict[str, Rule] = {
-    "seed": integer(0),
-    "task.name": one_of(*TASKS),
-    "task.tfds_data_dir": STRING,
-    "task.source_lang": NON_EMPTY_STRING,
-    "task.target_lang": NON_EMPTY_STRING,
-    "task.manual_dir": STRING,
-    "task.download_url": STRING,
-    "task.vocab_size": integer(8),
-    "task.spm_model_type": one_of("unigram", "bpe", "word", "char"),
-    "task.spm_seed": integer(0),
-    "task.max_length": integer(2),
-    "task.overlong": one_of("filter", "truncate"),
-    "task.packing": BOOLEAN,
-    "task.shuffle_buffer_seed": integer(0),
-    "task.synthetic.seed": integer(0),
-    "task.synthetic.num_train": integer(1),
-    "task.synthetic.num_validation": integer(1),
-    "task.synthetic.num_test": integer(1),
-    "task.synthetic.num_test_long": integer(1),
-    "task.synthetic.min_words": integer(1),
-    "task.synthetic.max_words": integer(1),
-    "task.synthetic.long_min_words": integer(1),
-    "task.synthetic.long_max_words": integer(1),
-    "train.batch_size": integer(1),
-    "train.grad_accumulation_steps": integer(1),
-    "train.num_steps": integer(1),
-    "train.learning_rate": number(0.0, open_min=True),
-    "train.warmup_steps": integer(1),
-    "train.adam_b1": number(0.0, 1.0, open_max=True),
-    "train.adam_b2": number(0.0, 1.0, open_max=True),
-    "train.adam_eps": number(0.0, open_min=True),
-    "train.weight_decay": number(0.0),
-    "train.label_smoothing": number(0.0, 1.0, open_max=True),
-    "train.grad_clip_norm": number(0.0),
-    "train.nonfinite": one_of("raise", "skip"),
-    "train.max_skipped_fraction": number(0.0, 1.0),
-    "train.log_every_steps": integer(1),
-    "train.eval_every_steps": integer(1),
-    "train.early_stopping_patience": integer(0),
-    "train.checkpoint_every_steps": integer(1),
-    "train.keep_checkpoints": integer(1),
-    "train.eval_batch_size": integer(1),
-    "decode.beam_size": integer(1),
-    "decode.alpha": number(0.0),
-    "decode.max_decode_len": integer(0),
-    "decode.validation_bleu": BOOLEAN,
-    "decode.checkpoint": Rule(
+# Field path -> Field, for every field outside `model.*`. The defaults are those of fields added
+# after runs were saved: the value that reproduces those runs.
+FIELDS: dict[str, Field] = {
+    "seed": Field(REQUIRED, integer(0)),
+    "task.name": Field(REQUIRED, one_of(*TASKS)),
+    "task.tfds_data_dir": Field(REQUIRED, STRING),
+    "task.source_lang": Field(REQUIRED, NON_EMPTY_STRING),
+    "task.target_lang": Field(REQUIRED, NON_EMPTY_STRING),
+    "task.manual_dir": Field(REQUIRED, STRING),
+    "task.download_url": Field(REQUIRED, STRING),
+    "task.vocab_size": Field(REQUIRED, integer(8)),
+    "task.spm_model_type": Field(REQUIRED, one_of("unigram", "bpe", "word", "char")),
+    "task.spm_seed": Field(REQUIRED, integer(0)),
+    "task.max_length": Field(REQUIRED, integer(2)),
+    "task.overlong": Field(REQUIRED, one_of("filter", "truncate")),
+    "task.packing": Field(REQUIRED, BOOLEAN),
+    "task.shuffle_buffer_seed": Field(REQUIRED, integer(0)),
+    "task.synthetic.seed": Field(REQUIRED, integer(0)),
+    "task.synthetic.num_train": Field(REQUIRED, integer(1)),
+    "task.synthetic.num_validation": Field(REQUIRED, integer(1)),
+    "task.synthetic.num_test": Field(REQUIRED, integer(1)),
+    "task.synthetic.num_test_long": Field(REQUIRED, integer(1)),
+    "task.synthetic.min_words": Field(REQUIRED, integer(1)),
+    "task.synthetic.max_words": Field(REQUIRED, integer(1)),
+    "task.synthetic.long_min_words": Field(REQUIRED, integer(1)),
+    "task.synthetic.long_max_words": Field(REQUIRED, integer(1)),
+    "train.batch_size": Field(REQUIRED, integer(1)),
+    "train.grad_accumulation_steps": Field(1, integer(1)),
+    "train.num_steps": Field(REQUIRED, integer(1)),
+    "train.learning_rate": Field(REQUIRED, number(0.0, open_min=True)),
+    "train.warmup_steps": Field(REQUIRED, integer(1)),
+    "train.adam_b1": Field(REQUIRED, number(0.0, 1.0, open_max=True)),
+    "train.adam_b2": Field(REQUIRED, number(0.0, 1.0, open_max=True)),
+    "train.adam_eps": Field(REQUIRED, number(0.0, open_min=True)),
+    "train.weight_decay": Field(REQUIRED, number(0.0)),
+    "train.label_smoothing": Field(REQUIRED, number(0.0, 1.0, open_max=True)),
+    "train.grad_clip_norm": Field(REQUIRED, number(0.0)),
+    "train.nonfinite": Field(REQUIRED, one_of("raise", "skip")),
+    "train.max_skipped_fraction": Field(1.0, number(0.0, 1.0)),
+    "train.log_every_steps": Field(REQUIRED, integer(1)),
+    "train.eval_every_steps": Field(REQUIRED, integer(1)),
+    "train.early_stopping_patience": Field(0, integer(0)),
+    "train.checkpoint_every_steps": Field(REQUIRED, integer(1)),
+    "train.keep_checkpoints": Field(REQUIRED, integer(1)),
+    "train.eval_batch_size": Field(REQUIRED, integer(1)),
+    "decode.beam_size": Field(REQUIRED, integer(1)),
+    "decode.alpha": Field(REQUIRED, number(0.0)),
+    "decode.max_decode_len": Field(REQUIRED, integer(0)),
+    "decode.validation_bleu": Field(REQUIRED, BOOLEAN),
+    "decode.checkpoint": Field("best", fields.Rule(
         "'best', 'latest' or 'average:<N>' with N >= 2",
-        lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
+        lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v)))),
 }
 
-# Fields added after runs were saved, with the value that reproduces those runs: a config.json
-# written before a field existed gets it (with a warning) instead of failing to load.
-DEFAULTS: dict[str, Any] = {
-    "train.grad_accumulation_steps": 1,
-    "train.early_stopping_patience": 0,
-    "train.max_skipped_fraction": 1.0,
-    "decode.checkpoint": "best",
-}
-
-# Sections whose every field has a rule above (other `task.*` fields belong to the data code).
+# Sections whose every field is in FIELDS (other `task.*` fields belong to the data code).
 _CLOSED_SECTIONS = ("train", "decode")
 
 
-def _get(config: ml_collections.ConfigDict, path: str) -> Any:
+def _node(config: ml_collections.ConfigDict, path: str) -> Any:
+  """The section or field at a dotted path ("" is the whole config)."""
   node = config
-  for name in path.split("."):
+  for name in path.split(".") if path else ():
     if name not in node:
       raise ValueError(f"config field {path} is missing.")
     node = node[name]
   return node
 
 
-def _fill_defaults(config: ml_collections.ConfigDict) -> None:
-  """Sets each missing field of `DEFAULTS` to its default, with a warning."""
-  for path, value in DEFAULTS.items():
-    section, name = path.split(".")
-    if section in config and name not in config[section]:
-      logging.warning("config field %s is missing (a config written before it existed): using "
-                      "%r.", path, value)
-      with config.unlocked():
-        config[section][name] = value
+def _resolve_sections(config: ml_collections.ConfigDict) -> None:
+  """Checks every field of FIELDS, section by section, setting missing ones to their defaults.
 
-
-def _check_rules(config: ml_collections.ConfigDict) -> None:
-  for path, rule in RULES.items():
-    value = _get(config, path)
-    if not rule.check(value):
-      raise ValueError(f"config field {path}={value!r} is invalid: must be {rule.allowed}.")
-  for section in _CLOSED_SECTIONS:
-    for name in config[section]:
-      if f"{section}.{name}" not in RULES:
-        known = ", ".join(p.split(".", 1)[1] for p in RULES if p.startswith(f"{section}."))
-        raise ValueError(f"unknown config field {section}.{name}; {section} has: {known}.")
+  In a closed section a field without an entry in FIELDS is an error; elsewhere it belongs to
+  code that checks it itself.
+  """
+  sections = dict.fromkeys(path.rpartition(".")[0] for path in FIELDS)
+  for section in sections:
+    known = {path.rpartition(".")[2]: field for path, field in FIELDS.items()
+             if path.rpartition(".")[0] == section}
+    node = _node(config, section)
+    given = {name: node[name] for name in node.keys()
+             if section in _CLOSED_SECTIONS or name in known}
+    resolved = fields.resolve(given, known, section)
+    with config.unlocked():
+      node.update({name: value for name, value in resolved.items() if name not in node})
 
 
 def _check_ranges(config: ml_collections.ConfigDict) -> None:
@@ -172,8 +117,8 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config field task.synthetic.{low}={synthetic[low]} must be <= "
                        f"task.synthetic.{high}={synthetic[high]}.")
   for path in ("task.max_length", "decode.max_decode_len"):
-    if _get(config, path) > config.model.max_len:
-      raise ValueError(f"config field {path}={_get(config, path)} must be <= "
+    if _node(config, path) > config.model.max_len:
+      raise ValueError(f"config field {path}={_node(config, path)} must be <= "
                        f"model.max_len={config.model.max_len}.")
 
 
@@ -183,8 +128,8 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.TransformerConfig:
   Args:
     config: the full config (seed, task, model, train, decode).
 
-  Missing fields of `DEFAULTS` are set to their defaults first (a config.json written before
-  they existed).
+  Missing fields that have a default are set to it, in `config` too (a config.json written
+  before they existed).
 
   Returns:
     The model config built from `config.model` and `config.task.vocab_size`.
@@ -192,7 +137,10 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.TransformerConfig:
   Raises:
     ValueError: naming the first invalid field, its value and the allowed values.
   """
-  _fill_defaults(config)
-  _check_rules(config)
+  _resolve_sections(config)
   _check_ranges(config)
-  return model_lib.TransformerConfig.from_config(config.model, config.task.vocab_size)
+  model_config = model_lib.TransformerConfig.from_config(config.model, config.task.vocab_size)
+  with config.unlocked():
+    config.model.update({name: value for name, value in model_config.fields().items()
+                         if name not in config.model})
+  return model_config

@@ -13,7 +13,9 @@ is refused before any work, naming the line: its batch's encoder attention grows
 square of its length (a 5,000-word line asked for 123 GB), and a sentence-level model cannot
 translate a document in one piece anyway.
 
-A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint.
+A run is rebuilt from `workdir/config.json` (data, never code) and its Orbax checkpoint; the
+modules it imported with --import (named in `workdir/imports.json`, never code from the
+workdir itself) are imported first.
 """
 import functools
 import json
@@ -34,6 +36,7 @@ from sacrebleu import metrics as sacrebleu_metrics
 from relpos import checkpoints
 from relpos import config_validation
 from relpos import decode
+from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -42,44 +45,6 @@ LENGTH_BUCKET = 16
 # The longest source (in tokens, with its EOS) an input file may hold: its batch's attention
 # logits are then at most eval_batch_size * heads * 2048^2 floats a layer (4 GB at 64 x 4).
 MAX_SOURCE_TOKENS = 2048
-EVAL_DIR = "eval"
-CONFIG_FILE = "config.json"
-DATA_AXIS = "data"
-
-
-def initialize_distributed(multihost: str) -> None:
-  """Joins a multi-process run (every process runs the same command) when `multihost` is set.
-
-  Args:
-    multihost: "" (one process: nothing to do); "auto" (the coordinator, process count and
-      id are detected on Cloud TPU, SLURM, Open MPI and Kubernetes); or
-      "<coordinator host:port>,<num_processes>,<process_id>".
-
-  Raises:
-    ValueError: a malformed `multihost`.
-  """
-  if not multihost:
-    return
-  if multihost == "auto":
-    jax.distributed.initialize()
-    return
-  parts = multihost.split(",")
-  if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
-                     "'<host:port>,<num_processes>,<process_id>'.")
-  jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
-
-
-def make_mesh() -> Mesh:
-  """A 1-D mesh over every device of every process, axis DATA_AXIS (batch rows split over it)."""
-  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
-
-
-def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's contiguous share of the rows of a batch that every process holds whole."""
-  return pipeline.shard_rows(batch, jax.process_index(), jax.process_count())
-
-
 def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
                    model_max_len: int) -> int:
   """Decode budget of a batch whose sources have at most `source_length` tokens."""
@@ -133,12 +98,12 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   A progress bar (sentences translated, rate and time left) goes to stderr on process 0; it
   leaves no line behind.
   """
-  sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  sharding = NamedSharding(mesh, PartitionSpec(runtime.DATA_AXIS))
   translations: list[str] = [""] * len(texts)
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
   for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
-    local = process_rows({"inputs": inputs})["inputs"]
+    local = runtime.process_rows({"inputs": inputs})["inputs"]
     tokens = decode.translate(
         model, jax.make_array_from_process_local_data(sharding, local),
         beam_size=config.decode.beam_size, alpha=config.decode.alpha,
@@ -221,17 +186,20 @@ def check_source_lengths(path: str, sources: Sequence[str],
 
 
 def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a run wrote (`workdir/config.json`), validated.
+  """The resolved config a run wrote (`workdir/config.json`), validated, after importing the
+  modules the run imported (`workdir/imports.json`: its own position variants).
 
   Raises:
     FileNotFoundError: the workdir or its config.json does not exist.
-    ValueError: the config is not JSON, not a config, or invalid (naming the file).
+    ValueError: the config is not JSON, not a config, or invalid (naming the file); a recorded
+      module fails to import or lies inside the workdir.
   """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir} does not exist.")
-  path = os.path.join(workdir, CONFIG_FILE)
+  path = os.path.join(workdir, runtime.CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
+  runtime.import_recorded(workdir)
   config = read_config_json(path)
   try:
     config_validation.validate(config)
@@ -373,7 +341,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     name = os.path.basename(input_file)
     sources, references = _file_sentences(input_file, reference_file)
     check_source_lengths(input_file, sources, task.tokenizer)
-  mesh = make_mesh()
+  mesh = runtime.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
   if split is not None:
     if split not in task.splits:
@@ -384,7 +352,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   else:
     translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
     scores = {} if references is None else score(translations, references)
-  output_dir = output_dir or os.path.join(workdir, EVAL_DIR)
+  output_dir = output_dir or os.path.join(workdir, runtime.EVAL_DIR)
   stem = os.path.join(output_dir, f"{name}.step{step}.beam{config.decode.beam_size}"
                                   f".alpha{config.decode.alpha}")
   results = {"step": step, "checkpoint": str(checkpoint), "beam_size": config.decode.beam_size,

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-LOCK_FILE = "train.lock"
+from relpos import runtime
+
 
 
 class WorkdirInUseError(RuntimeError):
@@ -52,7 +53,7 @@ def hold(workdir: str) -> Iterator[None]:
   """
   handle, holder = None, None
   if jax.process_index() == 0:
-    handle, holder = _try_lock(os.path.join(workdir, LOCK_FILE))
+    handle, holder = _try_lock(os.path.join(workdir, runtime.LOCK_FILE))
   busy = holder is not None
   if jax.process_count() > 1:
     busy = bool(multihost_utils.broadcast_one_to_all(np.int32(busy)))

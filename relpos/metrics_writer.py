@@ -12,13 +12,13 @@ from typing import Any
 import jax
 import tensorboardX
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+from relpos import runtime
+
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """Returns the records of `workdir/metrics.jsonl` (empty when there is none)."""
-  path = os.path.join(workdir, METRICS_FILE)
+  path = os.path.join(workdir, runtime.METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path, encoding="utf-8") as f:
@@ -39,14 +39,14 @@ class MetricsWriter:
       resume_step: the step the run starts from (0 for a fresh run); records past it go.
     """
     self._active = jax.process_index() == 0
-    self._path = os.path.join(workdir, METRICS_FILE)
+    self._path = os.path.join(workdir, runtime.METRICS_FILE)
     if not self._active:
       return
     kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
     with open(self._path, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept)
     self._tensorboard = tensorboardX.SummaryWriter(
-        os.path.join(workdir, TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
+        os.path.join(workdir, runtime.TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
     """Writes one record {"step", "split", **metrics} as strict JSON (a NaN or infinite value

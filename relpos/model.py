@@ -1,14 +1,9 @@
-"""Encoder-decoder Transformer (Flax NNX) whose position information is chosen by config.
+"""Encoder-decoder Transformer (Flax NNX) whose position information is a plug-in variant.
 
-`TransformerConfig.position` selects the variant:
-
-  absolute  sinusoidal (or learned) encodings of each token's position added to the embeddings
-  relative  Shaw et al. (2018) tables a^K / a^V in encoder and decoder self-attention
-            (optionally combined with absolute encodings via `add_absolute`)
-  t5        T5 bucketed bias: bidirectional buckets in the encoder, causal ones in the decoder
-  rope      rotary embeddings of queries and keys in self-attention
-  alibi     linear distance bias in self-attention
-  none      no position information at all
+`TransformerConfig.position` names a registered variant of `relpos.variants` (absolute,
+relative, t5, rope, alibi, none, or one of the user's own); the model asks it for a module
+added to each stack's embeddings and for one position module per self-attention layer, and
+never compares a variant's name.
 
 Parameters are float32; `dtype` ('float32', 'bfloat16', 'float16') is the compute dtype of
 activations, matmuls and the decode cache, while layer-norm statistics, attention logits and
@@ -17,12 +12,11 @@ example). `attention_implementation` chooses the attention kernel ('auto', 'xla'
 
 Cross-attention never sees positions. Positions come from per-token position arrays (default
 0..n-1), and attention masks from segment ids, so a packed batch gives the same outputs as its
-sentences one by one. Token 0 is padding.
+sentences one by one. Token 0 is padding (`PAD_ID`).
 """
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
-
-from absl import logging
 
 import jax
 import jax.numpy as jnp
@@ -30,33 +24,57 @@ import ml_collections
 from flax import nnx
 
 from relpos import attention
-from relpos import positions as positions_lib
+from relpos import fields
+from relpos import variants
+from relpos.data.tokenizer import PAD_ID
+from relpos.kernels import relative as kernel
 
-PAD_ID = 0
-POSITIONS = attention.POSITIONS
-ABSOLUTE_TYPES = ("sinusoidal", "learned", "t2t_timing_signal")
-# absolute_type -> fixed encoding (positions [..., n], dim) -> [..., n, dim].
-FIXED_ENCODINGS = {"sinusoidal": positions_lib.sinusoidal_position_encoding,
-                   "t2t_timing_signal": positions_lib.t2t_timing_signal}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+# The architecture's `model.*` fields (each position variant adds its own: relpos.variants).
+FIELDS: dict[str, fields.Field] = {
+    "emb_dim": fields.Field(64, fields.integer(1), "embedding and model width"),
+    "num_heads": fields.Field(4, fields.integer(1), "attention heads"),
+    "qkv_dim": fields.Field(64, fields.integer(1), "query/key/value width over all heads"),
+    "mlp_dim": fields.Field(128, fields.integer(1), "feed-forward hidden width"),
+    "num_encoder_layers": fields.Field(2, fields.integer(1), "encoder layers"),
+    "num_decoder_layers": fields.Field(2, fields.integer(1), "decoder layers"),
+    "dropout_rate": fields.Field(0.1, fields.number(0.0, 1.0, open_max=True),
+                                 "dropout of embeddings and sublayer outputs"),
+    "attention_dropout_rate": fields.Field(0.0, fields.number(0.0, 1.0, open_max=True),
+                                           "dropout of attention weights"),
+    "pre_layer_norm": fields.Field(True, fields.BOOLEAN, "pre-LN (True) or post-LN residuals"),
+    "share_embeddings": fields.Field(True, fields.BOOLEAN,
+                                     "one embedding for source and target (shared vocabulary)"),
+    "logits_via_embedding": fields.Field(True, fields.BOOLEAN,
+                                         "output logits through the target embedding"),
+    "max_len": fields.Field(256, fields.integer(1),
+                            "longest sequence (learned absolute tables, decode cache)"),
+    "position": fields.Field("relative", fields.NON_EMPTY_STRING,
+                             "the position variant: a name of relpos.variants.names()"),
+    "dtype": fields.Field("float32", fields.one_of(*DTYPES),
+                          "compute dtype of activations, matmuls and the decode cache"),
+    "attention_implementation": fields.Field(
+        "auto", fields.one_of(*kernel.IMPLEMENTATIONS),
+        "attention kernel: auto (cuDNN where it can run, else XLA) | xla | cudnn"),
+}
 
 DecodeCache = list[attention.Cache]
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _invalid(name: str, value: Any, allowed: str) -> ValueError:
-  return ValueError(f"config field model.{name}={value!r} is invalid: must be {allowed}.")
+def default_config() -> ml_collections.ConfigDict:
+  """`config.model` with every field at its default: the architecture's, then each registered
+  variant's (so a variant imported before the config is built can be configured)."""
+  return ml_collections.ConfigDict(
+      {name: field.default for name, field in {**FIELDS, **variants.all_fields()}.items()})
 
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Architecture of the Transformer: the `model.*` fields of configs/default.py + vocab_size.
+  """Architecture of the Transformer: the `model.*` fields + vocab_size.
 
-  See configs/default.py for the meaning of each field. Every field is validated on
-  construction.
+  Built by `from_config`, which checks every field. The fields of the position variants are in
+  `options` and read as attributes too (`config.max_relative_position`).
 
   Raises:
     ValueError: naming the first invalid field (as config field model.<name>), its value and
@@ -76,98 +94,42 @@ class TransformerConfig:
   logits_via_embedding: bool
   max_len: int
   position: str
-  absolute_type: str
-  add_absolute: bool
-  max_relative_position: int
-  relative_key: bool
-  relative_value: bool
-  relative_per_head: bool
-  relative_shared_across_layers: bool
-  t5_num_buckets: int
-  t5_max_distance: int
-  t5_shared_across_layers: bool
-  rope_base: float
-  # Fields added after runs were published: a config.json without them takes these defaults.
-  dtype: str = "float32"
-  attention_implementation: str = "auto"
+  dtype: str
+  attention_implementation: str
+  # (name, value) of every registered variant's fields, sorted by name.
+  options: tuple[tuple[str, Any], ...] = ()
 
   def __post_init__(self):
-    self._check_fields()
-    self._check_combinations()
-
-  def _check_fields(self) -> None:
-    """Each field on its own: type and range."""
-    for name in ("vocab_size", "emb_dim", "num_heads", "qkv_dim", "mlp_dim",
-                 "num_encoder_layers", "num_decoder_layers", "max_len", "t5_num_buckets",
-                 "t5_max_distance"):
-      if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
-        raise _invalid(name, getattr(self, name), "an integer >= 1")
-    if not (_is_int(self.max_relative_position) and self.max_relative_position >= 0):
-      raise _invalid("max_relative_position", self.max_relative_position, "an integer >= 0")
-    for name in ("dropout_rate", "attention_dropout_rate"):
-      value = getattr(self, name)
-      if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and 0.0 <= value < 1.0):
-        raise _invalid(name, value, "a number in [0, 1)")
-    for name in ("pre_layer_norm", "share_embeddings", "logits_via_embedding", "add_absolute",
-                 "relative_key", "relative_value", "relative_per_head",
-                 "relative_shared_across_layers", "t5_shared_across_layers"):
-      if not isinstance(getattr(self, name), bool):
-        raise _invalid(name, getattr(self, name), "True or False")
-    if self.position not in POSITIONS:
-      raise _invalid("position", self.position, f"one of {', '.join(map(repr, POSITIONS))}")
-    if self.absolute_type not in ABSOLUTE_TYPES:
-      raise _invalid("absolute_type", self.absolute_type,
-                     f"one of {', '.join(map(repr, ABSOLUTE_TYPES))}")
-    if not (isinstance(self.rope_base, (int, float)) and not isinstance(self.rope_base, bool)
-            and self.rope_base > 0):
-      raise _invalid("rope_base", self.rope_base, "a number > 0")
-    if self.dtype not in DTYPES:
-      raise _invalid("dtype", self.dtype, f"one of {', '.join(map(repr, DTYPES))}")
-    if self.attention_implementation not in attention.IMPLEMENTATIONS:
-      raise _invalid("attention_implementation", self.attention_implementation,
-                     f"one of {', '.join(map(repr, attention.IMPLEMENTATIONS))}")
-
-  def _check_combinations(self) -> None:
-    """Rules between fields."""
+    if self.position not in variants.names():
+      raise fields.invalid("model.position", self.position,
+                           f"one of {', '.join(map(repr, variants.names()))} (a variant of "
+                           f"your own: --import=<its module>)")
     if self.qkv_dim % self.num_heads:
-      raise _invalid("num_heads", self.num_heads,
-                     f"a divisor of model.qkv_dim={self.qkv_dim}")
-    if self.add_absolute and self.position != "relative":
-      raise _invalid("add_absolute", self.add_absolute,
-                     f"False unless model.position='relative' (position={self.position!r})")
-    if self.uses_absolute and self.absolute_type != "learned" and self.emb_dim % 2:
-      raise _invalid("emb_dim", self.emb_dim, "even for sinusoidal absolute encodings")
-    if self.position == "relative" and not (self.relative_key or self.relative_value):
-      raise _invalid("relative_key", self.relative_key,
-                     "True when model.relative_value=False under model.position='relative' "
-                     "(a^K and a^V cannot both be off; use position='none' for neither)")
-    if self.position == "rope" and self.head_dim % 2:
-      raise _invalid("qkv_dim", self.qkv_dim,
-                     f"a multiple of 2 * model.num_heads={2 * self.num_heads} under "
-                     f"model.position='rope' (even head dim)")
-    if self.position == "t5":
-      # The causal (decoder) buckets are the stricter case: num_buckets // 2 exact distances.
-      if self.t5_num_buckets < 4:
-        raise _invalid("t5_num_buckets", self.t5_num_buckets, "an integer >= 4")
-      if self.t5_max_distance <= self.t5_num_buckets // 2:
-        raise _invalid("t5_max_distance", self.t5_max_distance,
-                       f"an integer > model.t5_num_buckets // 2 = {self.t5_num_buckets // 2}")
+      raise fields.invalid("model.num_heads", self.num_heads,
+                           f"a divisor of model.qkv_dim={self.qkv_dim}")
     if self.attention_implementation == "cudnn":
       self._check_cudnn()
+    for name in variants.names():
+      variants.get(name).check(self)
+
+  def __getattr__(self, name: str) -> Any:
+    options = dict(self.__dict__.get("options", ()))
+    if name in options:
+      return options[name]
+    raise AttributeError(f"TransformerConfig has no field {name!r}.")
 
   def _check_cudnn(self) -> None:
-    """What cuDNN's fused attention needs of the whole model (shapes are checked per call)."""
+    """What cuDNN's fused attention needs of the whole model (shapes are checked per call;
+    a variant checks its own needs)."""
     def invalid(name: str, value: Any, allowed: str) -> ValueError:
-      return _invalid(name, value, f"{allowed} under model.attention_implementation='cudnn' "
-                                   f"(or use 'auto', which falls back to XLA)")
+      return fields.invalid(f"model.{name}", value,
+                            f"{allowed} under model.attention_implementation='cudnn' "
+                            f"(or use 'auto', which falls back to XLA)")
     if jax.default_backend() != "gpu":
       raise invalid("attention_implementation", "cudnn",
                     f"a GPU backend, not {jax.default_backend()!r},")
     if self.dtype == "float32":
       raise invalid("dtype", self.dtype, "'bfloat16' or 'float16'")
-    if self.position == "relative" and self.relative_value:
-      raise invalid("relative_value", self.relative_value, "False (cuDNN cannot add a^V)")
     if self.attention_dropout_rate > 0:
       raise invalid("attention_dropout_rate", self.attention_dropout_rate, "0")
     if self.head_dim % 8 or self.head_dim > 128:
@@ -185,58 +147,26 @@ class TransformerConfig:
     """The jnp dtype of `dtype`."""
     return DTYPES[self.dtype]
 
-  @property
-  def uses_absolute(self) -> bool:
-    """Whether absolute encodings are added to the embeddings."""
-    return self.position == "absolute" or self.add_absolute
+  def fields(self) -> dict[str, Any]:
+    """Every `model.*` field and its value (vocab_size is the task's)."""
+    return {**{name: getattr(self, name) for name in FIELDS}, **dict(self.options)}
 
   @classmethod
-  def from_config(cls, model_cfg: ml_collections.ConfigDict,
+  def from_config(cls, model_cfg: Mapping[str, Any] | ml_collections.ConfigDict,
                   vocab_size: int) -> "TransformerConfig":
-    """Builds the config from `config.model` and the vocabulary size.
+    """Builds the config from `config.model` (or a dict of its fields) and the vocabulary size.
 
-    A field with a default (one added after runs were saved) may be missing: it takes its
-    default, with a warning.
+    A missing field takes its default, with a warning (a config written before it existed).
 
     Raises:
-      ValueError: on missing or unknown fields in model_cfg, or any invalid value.
+      ValueError: an unknown field or an invalid value, naming it.
     """
-    fields = [field for field in dataclasses.fields(cls) if field.name != "vocab_size"]
-    names = [field.name for field in fields]
-    defaults = {field.name: field.default for field in fields
-                if field.default is not dataclasses.MISSING and field.name not in model_cfg}
-    missing = [name for name in names if name not in model_cfg and name not in defaults]
-    unknown = sorted(set(model_cfg.keys()) - set(names))
-    if missing or unknown:
-      raise ValueError(f"config.model has missing fields {missing} and unknown fields {unknown}; "
-                       f"its fields are: {', '.join(names)}.")
-    for name, value in defaults.items():
-      logging.warning("config.model.%s is missing (a config written before it existed): using "
-                      "the default %r.", name, value)
-    values = {name: model_cfg[name] for name in names if name in model_cfg}
-    return cls(vocab_size=vocab_size, **values, **defaults)
-
-
-class AbsolutePositionEncoding(nnx.Module):
-  """Absolute encodings of token positions: sinusoidal (the paper's frequencies),
-  t2t_timing_signal (tensor2tensor's) or learned ([max_len, dim] table)."""
-
-  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-    self.dim = config.emb_dim
-    self.absolute_type = config.absolute_type
-    self.max_len = config.max_len
-    self.table = (nnx.Param(nnx.initializers.normal(stddev=0.02)(
-        rngs.params(), (config.max_len, config.emb_dim)))
-                  if config.absolute_type == "learned" else None)
-
-  def __call__(self, positions: jax.Array) -> jax.Array:
-    """Encodings [batch or 1, n, dim] of integer positions [batch or 1, n]."""
-    if self.table is None:
-      return FIXED_ENCODINGS[self.absolute_type](positions, self.dim)
-    if positions.shape[-1] > self.max_len:
-      raise ValueError(f"sequence length {positions.shape[-1]} exceeds model.max_len="
-                       f"{self.max_len} (the learned absolute table).")
-    return jnp.take(self.table[...], positions, axis=0)
+    variant_fields = variants.all_fields()
+    values = fields.resolve(
+        {name: model_cfg[name] for name in model_cfg.keys()}, {**FIELDS, **variant_fields},
+        "model", hint=" A field of your own variant? --import=<its module> registers it.")
+    return cls(vocab_size=vocab_size, **{name: values[name] for name in FIELDS},
+               options=tuple(sorted((name, values[name]) for name in variant_fields)))
 
 
 class MlpBlock(nnx.Module):
@@ -284,55 +214,21 @@ class Residual(nnx.Module):
     return out if self.pre_layer_norm else self.norm(out)
 
 
-def _attention(config: TransformerConfig, position: str, *, rngs: nnx.Rngs,
-               **position_modules: Any) -> attention.MultiHeadAttention:
-  """A MultiHeadAttention layer; position_modules: relative_tables= or t5_bias= instances."""
+def _attention(config: TransformerConfig, position: variants.AttentionPosition | None, *,
+               rngs: nnx.Rngs) -> attention.MultiHeadAttention:
+  """A MultiHeadAttention layer with the position module `position` (None: cross-attention)."""
   return attention.MultiHeadAttention(
       config.num_heads, config.emb_dim, qkv_dim=config.qkv_dim, position=position,
-      rope_base=config.rope_base, dropout_rate=config.attention_dropout_rate,
-      dtype=config.compute_dtype, implementation=config.attention_implementation, rngs=rngs,
-      **position_modules)
-
-
-def _relative_tables(config: TransformerConfig,
-                     rngs: nnx.Rngs) -> attention.RelativePositionTables:
-  return attention.RelativePositionTables(
-      config.max_relative_position, config.head_dim,
-      num_heads=config.num_heads if config.relative_per_head else None,
-      use_key=config.relative_key, use_value=config.relative_value, rngs=rngs)
-
-
-def _t5_bias(config: TransformerConfig, *, bidirectional: bool,
-             rngs: nnx.Rngs) -> attention.T5RelativeBias:
-  return attention.T5RelativeBias(config.num_heads, num_buckets=config.t5_num_buckets,
-                                  max_distance=config.t5_max_distance,
-                                  bidirectional=bidirectional, rngs=rngs)
-
-
-def _self_attention_positions(config: TransformerConfig, num_layers: int, *, bidirectional: bool,
-                              shared_tables: attention.RelativePositionTables | None,
-                              rngs: nnx.Rngs) -> list[dict[str, Any]]:
-  """Per layer of one stack: the position modules of its self-attention (keyword arguments).
-
-  Relative tables: `shared_tables` in every layer when given, else one instance per layer.
-  T5 bias: one instance for the whole stack when t5_shared_across_layers, else one per layer.
-  """
-  if config.position == "relative":
-    return [{"relative_tables": shared_tables if shared_tables is not None
-             else _relative_tables(config, rngs)} for _ in range(num_layers)]
-  if config.position == "t5":
-    if config.t5_shared_across_layers:
-      return [{"t5_bias": _t5_bias(config, bidirectional=bidirectional, rngs=rngs)}] * num_layers
-    return [{"t5_bias": _t5_bias(config, bidirectional=bidirectional, rngs=rngs)}
-            for _ in range(num_layers)]
-  return [{} for _ in range(num_layers)]
+      dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
+      implementation=config.attention_implementation, rngs=rngs)
 
 
 class EncoderLayer(nnx.Module):
-  """Self-attention (with the configured position variant) and MLP, each in a Residual."""
+  """Self-attention (with the variant's position module) and MLP, each in a Residual."""
 
-  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, **position_modules: Any):
-    self.self_attention = _attention(config, config.position, rngs=rngs, **position_modules)
+  def __init__(self, config: TransformerConfig, position: variants.AttentionPosition | None, *,
+               rngs: nnx.Rngs):
+    self.self_attention = _attention(config, position, rngs=rngs)
     self.attention_residual = Residual(config, rngs=rngs)
     self.mlp = MlpBlock(config, rngs=rngs)
     self.mlp_residual = Residual(config, rngs=rngs)
@@ -350,10 +246,11 @@ class EncoderLayer(nnx.Module):
 class DecoderLayer(nnx.Module):
   """Causal self-attention (position variant), cross-attention (no positions) and MLP."""
 
-  def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs, **position_modules: Any):
-    self.self_attention = _attention(config, config.position, rngs=rngs, **position_modules)
+  def __init__(self, config: TransformerConfig, position: variants.AttentionPosition | None, *,
+               rngs: nnx.Rngs):
+    self.self_attention = _attention(config, position, rngs=rngs)
     self.self_attention_residual = Residual(config, rngs=rngs)
-    self.cross_attention = _attention(config, "none", rngs=rngs)
+    self.cross_attention = _attention(config, None, rngs=rngs)
     self.cross_attention_residual = Residual(config, rngs=rngs)
     self.mlp = MlpBlock(config, rngs=rngs)
     self.mlp_residual = Residual(config, rngs=rngs)
@@ -395,19 +292,21 @@ class DecoderLayer(nnx.Module):
 
 
 class _Stack(nnx.Module):
-  """What encoder and decoder share: embedding (+ absolute encodings), dropout, final norm."""
+  """What encoder and decoder share: embedding (+ the variant's position embedding), dropout,
+  final norm."""
 
-  def __init__(self, config: TransformerConfig, embed: nnx.Embed, *, rngs: nnx.Rngs):
+  def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
+               rngs: nnx.Rngs):
     self.embed = embed
-    self.absolute = AbsolutePositionEncoding(config, rngs=rngs) if config.uses_absolute else None
+    self.position_embedding = variant.embedding(rngs=rngs)
     self.embed_dropout = nnx.Dropout(config.dropout_rate, rngs=rngs)
     self.final_norm = _layer_norm(config, rngs) if config.pre_layer_norm else None
 
   def embed_tokens(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
-    """Token embeddings [batch, n, emb_dim] (+ absolute encodings of positions [b or 1, n])."""
+    """Token embeddings [batch, n, emb_dim] (+ the position embedding of positions [b or 1, n])."""
     x = self.embed(tokens)
-    if self.absolute is not None:
-      x = x + self.absolute(positions).astype(x.dtype)
+    if self.position_embedding is not None:
+      x = x + self.position_embedding(positions).astype(x.dtype)
     return self.embed_dropout(x, deterministic=deterministic)
 
   def _final(self, x: jax.Array) -> jax.Array:
@@ -417,13 +316,11 @@ class _Stack(nnx.Module):
 class Encoder(_Stack):
   """Embedding and a stack of EncoderLayers."""
 
-  def __init__(self, config: TransformerConfig, embed: nnx.Embed, *,
-               shared_tables: attention.RelativePositionTables | None, rngs: nnx.Rngs):
-    super().__init__(config, embed, rngs=rngs)
-    self.layers = nnx.List([
-        EncoderLayer(config, rngs=rngs, **modules) for modules in _self_attention_positions(
-            config, config.num_encoder_layers, bidirectional=True, shared_tables=shared_tables,
-            rngs=rngs)])
+  def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
+               rngs: nnx.Rngs):
+    super().__init__(config, embed, variant, rngs=rngs)
+    positions = variant.self_attention(config.num_encoder_layers, causal=False, rngs=rngs)
+    self.layers = nnx.List([EncoderLayer(config, position, rngs=rngs) for position in positions])
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array, mask: jax.Array,
                deterministic: bool) -> jax.Array:
@@ -437,13 +334,11 @@ class Encoder(_Stack):
 class Decoder(_Stack):
   """Embedding, a stack of DecoderLayers and the output logits."""
 
-  def __init__(self, config: TransformerConfig, embed: nnx.Embed, *,
-               shared_tables: attention.RelativePositionTables | None, rngs: nnx.Rngs):
-    super().__init__(config, embed, rngs=rngs)
-    self.layers = nnx.List([
-        DecoderLayer(config, rngs=rngs, **modules) for modules in _self_attention_positions(
-            config, config.num_decoder_layers, bidirectional=False, shared_tables=shared_tables,
-            rngs=rngs)])
+  def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
+               rngs: nnx.Rngs):
+    super().__init__(config, embed, variant, rngs=rngs)
+    positions = variant.self_attention(config.num_decoder_layers, causal=True, rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(config, position, rngs=rngs) for position in positions])
     self.logits = (None if config.logits_via_embedding else
                    nnx.Linear(config.emb_dim, config.vocab_size,
                               kernel_init=nnx.initializers.xavier_uniform(),
@@ -516,8 +411,8 @@ class Transformer(nnx.Module):
 
   Attributes:
     config: the TransformerConfig.
-    encoder, decoder: the two stacks; they share one embedding when config.share_embeddings
-      and, under relative_shared_across_layers, one RelativePositionTables instance.
+    encoder, decoder: the two stacks; they share one embedding when config.share_embeddings,
+      and the position modules the variant hands to both.
   """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
@@ -530,11 +425,9 @@ class Transformer(nnx.Module):
 
     source_embed = embedding()
     target_embed = source_embed if config.share_embeddings else embedding()
-    shared_tables = (_relative_tables(config, rngs)
-                     if config.position == "relative" and config.relative_shared_across_layers
-                     else None)
-    self.encoder = Encoder(config, source_embed, shared_tables=shared_tables, rngs=rngs)
-    self.decoder = Decoder(config, target_embed, shared_tables=shared_tables, rngs=rngs)
+    variant = variants.get(config.position)(config)
+    self.encoder = Encoder(config, source_embed, variant, rngs=rngs)
+    self.decoder = Decoder(config, target_embed, variant, rngs=rngs)
 
   def encode(self, inputs: jax.Array, *, inputs_positions: jax.Array | None = None,
              inputs_segmentation: jax.Array | None = None,
@@ -604,12 +497,12 @@ class Transformer(nnx.Module):
     head_dim].
 
     Raises:
-      ValueError: if max_decode_len exceeds max_len under learned absolute encodings.
+      ValueError: if max_decode_len exceeds model.max_len (the longest sequence the model is
+        built for, e.g. its learned absolute table).
     """
-    if self.decoder.absolute is not None and self.decoder.absolute.table is not None and (
-        max_decode_len > self.config.max_len):
+    if max_decode_len > self.config.max_len:
       raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len="
-                       f"{self.config.max_len} (the learned absolute table).")
+                       f"{self.config.max_len}.")
     return [layer.self_attention.init_cache(batch_size, max_decode_len)
             for layer in self.decoder.layers]
 
@@ -635,3 +528,21 @@ class Transformer(nnx.Module):
         self_mask=None, cross_mask=(inputs != PAD_ID)[:, None, None, :], deterministic=True,
         cache=cache, cache_index=step)
     return logits[:, 0], cache
+
+
+def build_model(model_config: TransformerConfig, seed: int) -> Transformer:
+  """A freshly initialized Transformer: parameters and dropout stream from `seed`."""
+  params_key, dropout_key = jax.random.split(jax.random.key(seed))
+  return Transformer(model_config, rngs=nnx.Rngs(params=params_key, dropout=dropout_key))
+
+
+def split_model(model: Transformer) -> tuple[nnx.GraphDef, Any, Any]:
+  """(graphdef, params, rng) of a model; params and rng as pure nested dicts."""
+  graphdef, params, rng = nnx.split(model, nnx.Param, nnx.RngState)
+  return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rng)
+
+
+def abstract_model(model_config: TransformerConfig
+                   ) -> tuple[nnx.GraphDef, Any, Any]:
+  """`split_model` of the model `model_config` builds, with jax.ShapeDtypeStruct leaves."""
+  return split_model(nnx.eval_shape(lambda: build_model(model_config, 0)))

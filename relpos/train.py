@@ -49,13 +49,12 @@ from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
+from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
-BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
-              "targets_segmentation")
 VALIDATION_SPLIT = "validation"
 
 
@@ -151,7 +150,7 @@ def update_loss_scale(loss_scale: dict[str, jax.Array],
 def init_train_state(model_config: model_lib.TransformerConfig,
                      optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
   """A fresh train state (see the module docstring for its layout) from an int seed."""
-  _, params, rng = checkpoints.split_model(checkpoints.build_model(model_config, seed))
+  _, params, rng = model_lib.split_model(model_lib.build_model(model_config, seed))
   state = {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
            "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
   if model_config.dtype == "float16":
@@ -297,8 +296,8 @@ class Steps:
                train_config: ml_collections.ConfigDict):
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.batch_sharding = NamedSharding(mesh, PartitionSpec(evaluate.DATA_AXIS))
-    self.graphdef, _, _ = checkpoints.abstract_model(model_config)
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(runtime.DATA_AXIS))
+    self.graphdef, _, _ = model_lib.abstract_model(model_config)
     optimizer = make_optimizer(train_config)
     self.init = jax.jit(functools.partial(init_train_state, model_config, optimizer),
                         out_shardings=self.replicated)
@@ -316,7 +315,7 @@ class Steps:
     """Assembles this process's rows [rows/process_count, length] into a global batch."""
     return {k: jax.make_array_from_process_local_data(self.batch_sharding,
                                                       np.asarray(local_batch[k]))
-            for k in BATCH_KEYS}
+            for k in pipeline.BATCH_KEYS}
 
 
 # The `train.*` fields the compiled steps depend on (not, e.g., num_steps or the intervals).
@@ -342,7 +341,7 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
   """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
   totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
   for batch in batches:
-    sums = jax.device_get(steps.eval(state, steps.global_batch(evaluate.process_rows(batch))))
+    sums = jax.device_get(steps.eval(state, steps.global_batch(runtime.process_rows(batch))))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   loss = totals["loss_sum"] / totals["tokens"]
   return {"loss": loss, "perplexity": float(np.exp(loss)),
@@ -436,7 +435,7 @@ def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
     ValueError: (`resuming`) a field of RESUME_FIXED_FIELDS changed, naming it, both values and
       the file; or the file is not a config (named).
   """
-  path = os.path.join(workdir, evaluate.CONFIG_FILE)
+  path = os.path.join(workdir, runtime.CONFIG_FILE)
   if not os.path.exists(path):
     return
   before = _flatten(evaluate.read_config_json(path).to_dict())
@@ -459,7 +458,7 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
-  path = os.path.join(workdir, evaluate.CONFIG_FILE)
+  path = os.path.join(workdir, runtime.CONFIG_FILE)
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     json.dump(config.to_dict(), f, indent=2, sort_keys=True)
   os.replace(path + ".tmp", path)
@@ -609,12 +608,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     try:
       check_config_changes(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
-      steps = get_steps(evaluate.make_mesh(), model_config, config.train)
+      steps = get_steps(runtime.make_mesh(), model_config, config.train)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       write_config(config, workdir)
+      runtime.write_imports(workdir)
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
     finally:
       manager.close()

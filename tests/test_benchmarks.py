@@ -14,7 +14,7 @@ from benchmarks import decode
 from benchmarks import profile
 from benchmarks import run
 from benchmarks import train_step
-from relpos import train as train_lib
+from relpos.data import pipeline
 
 
 def test_attention_variants_match_their_references():
@@ -24,7 +24,7 @@ def test_attention_variants_match_their_references():
 
 def test_packed_batch_holds_whole_segments():
   batch = train_step.packed_batch(rows=3, length=40, vocab_size=50)
-  assert set(batch) == set(train_lib.BATCH_KEYS)
+  assert set(batch) == set(pipeline.BATCH_KEYS)
   for side in ("inputs", "targets"):
     tokens, positions = batch[side], batch[f"{side}_position"]
     segments = batch[f"{side}_segmentation"]

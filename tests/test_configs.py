@@ -50,14 +50,14 @@ def _set(config, path, value):
 
 
 def test_every_rule_has_an_invalid_case():
-  assert set(INVALID) == set(config_validation.RULES)
+  assert set(INVALID) == set(config_validation.FIELDS)
 
 
 @pytest.mark.parametrize("path", sorted(INVALID))
 def test_invalid_value_names_field_and_allowed_values(path):
   config = default.get_config()
   _set(config, path, INVALID[path])
-  rule = config_validation.RULES[path]
+  rule = config_validation.FIELDS[path].rule
   with pytest.raises(ValueError) as error:
     config_validation.validate(config)
   assert f"config field {path}={INVALID[path]!r} is invalid" in str(error.value)

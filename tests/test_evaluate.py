@@ -16,6 +16,8 @@ from relpos import config_validation
 from relpos import decode
 from relpos import evaluate
 from relpos import metrics_writer
+from relpos import model as model_lib
+from relpos import runtime
 from relpos import train
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -197,14 +199,14 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   assert tokenizer.vocab_size < 64
   config = tiny.get_config()
   config.model.logits_via_embedding = False
-  model = checkpoints.build_model(config_validation.validate(config), seed=0)
+  model = model_lib.build_model(config_validation.validate(config), seed=0)
   phantom = np.arange(64) >= tokenizer.vocab_size
   model.decoder.logits.bias[...] = np.where(phantom, 50.0, 0.0).astype(np.float32)
   texts = ["the dog sees the cat", "a bird"]
   for beam_size in (1, 2):
     config.decode.beam_size = beam_size
     translations = evaluate.translate_texts(model, tokenizer, texts, config,
-                                            mesh=evaluate.make_mesh())
+                                            mesh=runtime.make_mesh())
     assert len(translations) == 2 and all(t and "⁇" not in t for t in translations)
   _, inputs = next(evaluate.source_batches(tokenizer, texts, 2))
   unmasked = np.asarray(decode.translate(model, inputs, beam_size=1, max_decode_len=4))
@@ -213,7 +215,7 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
 
 def test_average_of_the_last_checkpoints(run, tmp_path):
   config, workdir, _ = run
-  mesh = evaluate.make_mesh()
+  mesh = runtime.make_mesh()
   manager = checkpoints.make_manager(workdir, read_only=True)
   last_two = sorted(manager.all_steps())[-2:]
   manager.close()

@@ -13,6 +13,8 @@ from flax import nnx
 from configs import ablation
 from relpos import attention
 from relpos import positions
+from relpos.kernels import relative as kernel
+from relpos.variants import alibi
 from test_train import updates_on_one_batch
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
@@ -63,7 +65,7 @@ def test_cudnn_equals_xla_forward_and_backward(variant):
   query, key, value = (_normal(seed, (4, length, 4, 64)) for seed in (10, 11, 12))
 
   def loss(implementation, query, key, value):
-    out = attention.relative_dot_product_attention(query, key, value,
+    out = kernel.relative_dot_product_attention(query, key, value,
                                                    implementation=implementation, **kwargs)
     return jnp.sum(out.astype(jnp.float32) * _normal(13, out.shape, jnp.float32)), out
 
@@ -83,7 +85,7 @@ def test_cudnn_gradients_stay_finite_with_padded_rows():
   query, key, value = (_normal(seed, (4, length, 4, 64)) for seed in (40, 41, 42))
 
   def loss(implementation, query, key, value):
-    out = attention.relative_dot_product_attention(query, key, value, mask=mask,
+    out = kernel.relative_dot_product_attention(query, key, value, mask=mask,
                                                    implementation=implementation)
     return jnp.sum(out.astype(jnp.float32) * real * _normal(43, out.shape, jnp.float32)), out
 
@@ -97,7 +99,7 @@ def test_auto_compiles_to_cudnn_where_it_can_run():
   query = _normal(20, (2, 64, 4, 64))
 
   def hlo(**kwargs):
-    return jax.jit(lambda q: attention.relative_dot_product_attention(q, q, q, **kwargs)).lower(
+    return jax.jit(lambda q: kernel.relative_dot_product_attention(q, q, q, **kwargs)).lower(
         query).compile().as_text()
 
   fused_attention = "__cudnn$fmha"  # the custom call's target (XLA may use cuDNN elsewhere)
@@ -128,7 +130,7 @@ def test_recipe_train_steps_in_bfloat16_stay_close_to_float32(row):
 
 
 def test_bfloat16_module_with_cudnn_matches_xla_in_a_decode_step():
-  module = {impl: attention.MultiHeadAttention(4, 256, qkv_dim=256, position="alibi",
+  module = {impl: attention.MultiHeadAttention(4, 256, qkv_dim=256, position=alibi.AlibiBias(4),
                                                dtype=jnp.bfloat16, implementation=impl,
                                                rngs=nnx.Rngs(0)) for impl in ("cudnn", "xla")}
   inputs = _normal(30, (2, 1, 256))

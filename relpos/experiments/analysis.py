@@ -31,6 +31,8 @@ from relpos import positions as positions_lib
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.experiments import plots
 from relpos.experiments import report
+from relpos.variants import relative
+from relpos.variants import t5
 
 MAX_OFFSET = 10
 
@@ -81,8 +83,8 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
     sublayer_input = layer.attention_residual.sublayer_input(x)
     weights = attention.attention_weights(sublayer_input, mask=mask, query_positions=positions)
     stats["attention_by_offset"].append(_mean_by_offset(np.asarray(weights), valid))
-    tables = attention.relative_tables
-    if tables is not None and tables.rel_key is not None:
+    tables = attention.position
+    if isinstance(tables, relative.RelativePositionTables) and tables.rel_key is not None:
       query = attention.query(sublayer_input)  # [batch, n, heads, depth]
       table = tables.rel_key[...]
       spec = "bnhd,rd->bnhr" if table.ndim == 2 else "bnhd,hrd->bnhr"
@@ -93,8 +95,8 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
     x = layer(x, mask=mask, positions=positions, deterministic=True)
   if "qak_by_offset" in stats:
     stats["qak_by_offset"] = [row.tolist() for row in stats["qak_by_offset"]]
-  t5_bias = encoder.layers[0].self_attention.t5_bias
-  if t5_bias is not None:
+  t5_bias = encoder.layers[0].self_attention.position
+  if isinstance(t5_bias, t5.T5RelativeBias):
     stats["t5_bias"] = np.asarray(t5_bias.embedding[...]).tolist()
   return stats
 

@@ -9,6 +9,8 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
       --config.train.num_steps=2000 --output_dir=runs/ablation_multi30k
   # any k: python -m relpos.experiments.run --table=k_sweep --rows=k=3,k=8 ...
   python -m relpos.experiments.run --list     # the tables, their rows and the tasks
+  # a position variant of your own (a module registering it) as a row of the ablation table:
+  python -m relpos.experiments.run --import=my_variant.py --rows=abs,rel_kv,my_variant ...
   # four runs at once on one accelerator, each a process with a quarter of 90% of its memory:
   python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 --parallel=4 \
       --output_dir=runs/k_sweep_synthetic
@@ -24,10 +26,12 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from configs import ablation
 from configs import default
 from relpos import cli
 from relpos.experiments import runner
 
+_IMPORT = cli.define_import_flag()  # first: its variants become rows and config fields
 _TABLE = flags.DEFINE_enum("table", "ablation", list(runner.TABLES), "Which table to run.")
 _TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "Which task.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Number of seeds per row (seeds 0..N-1).")
@@ -48,8 +52,9 @@ _PARALLEL = flags.DEFINE_integer(
 
 def listing() -> str:
   """The tables with their rows, and the tasks, one per line."""
-  lines = [f"table {table}: {', '.join(rows)}" + (" (or any k=<int>)" if table == "k_sweep"
-                                                  else "")
+  extra = {"k_sweep": " (or any k=<int>)",
+           "ablation": "".join(f", {row}" for row in ablation.variant_rows())}
+  lines = [f"table {table}: {', '.join(rows)}{extra.get(table, '')}"
            for table, rows in runner.TABLES.items()]
   return "\n".join(lines + [f"tasks: {', '.join(runner.TASKS)}"])
 

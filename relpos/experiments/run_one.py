@@ -19,6 +19,7 @@ from absl import flags
 from relpos import cli
 from relpos.experiments import runner
 
+_IMPORT = cli.define_import_flag()  # the parent's --import, for its variants
 _TABLE = flags.DEFINE_enum("table", None, list(runner.TABLES), "The run's table.", required=True)
 _ROW = flags.DEFINE_string("row", None, "The run's row of the table.", required=True)
 _SEED = flags.DEFINE_integer("seed", 0, "The run's seed.")

@@ -49,6 +49,7 @@ from configs import ablation
 from relpos import config_validation
 from relpos import evaluate
 from relpos import metrics_writer
+from relpos import runtime
 from relpos import train
 from relpos.data import pipeline
 from relpos.experiments import analysis
@@ -56,15 +57,16 @@ from relpos.experiments import plots
 from relpos.experiments import report
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "ablation": ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi"),
+    "ablation": tuple(ablation.ROWS),
     "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
 }
 def row_in_table(row: str, table: str) -> bool:
-  """Whether `row` belongs to `table`: one of its rows, or for the k sweep any `k=<int>`."""
+  """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
+  ablation table also any other registered position variant (a row of its own name)."""
   if table == "k_sweep" and row.startswith("k="):
     ablation.row_overrides(row)  # a malformed k raises, naming the row
     return True
-  return row in TABLES[table]
+  return row in TABLES[table] or (table == "ablation" and row in ablation.variant_rows())
 
 
 # The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
@@ -207,7 +209,7 @@ def evaluate_run(workdir: str) -> tuple[dict, dict, dict, int]:
      the model's number of parameters).
   """
   config = evaluate.load_run_config(workdir)
-  mesh = evaluate.make_mesh()
+  mesh = runtime.make_mesh()
   task = pipeline.get_task(config.task)
   model, step = evaluate.restore_model(workdir, config, config.decode.checkpoint, mesh)
   scores, by_length = {}, {}
@@ -382,6 +384,7 @@ def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list
   """The command that trains and evaluates `run` in a process of its own."""
   return [sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
           f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
+          *(f"--import={spec}" for spec in runtime.imported()),
           *(f"--set={format_override(k, v)}" for k, v in (overrides or {}).items())]
 
 

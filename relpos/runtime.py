@@ -1,0 +1,175 @@
+"""What a run needs of its machine and its folder: processes, the device mesh, the workdir's file
+names, and the user's own modules (`--import`).
+
+A workdir holds:
+
+  config.json           the resolved config (data, never code)
+  imports.json          the modules the run imported with --import (their variants), if any
+  train.lock            held by the training process (relpos.locks)
+  metrics.jsonl         train and validation records; tensorboard/ the same as events
+  checkpoints/<step>/   Orbax checkpoints (relpos.checkpoints); damaged_checkpoints/ the ones
+                        training set aside
+  eval/                 eval.py's translations and scores
+"""
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from relpos.data import pipeline
+
+CONFIG_FILE = "config.json"
+IMPORTS_FILE = "imports.json"
+LOCK_FILE = "train.lock"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "damaged_checkpoints"  # where training moves damaged checkpoints (never deleted)
+EVAL_DIR = "eval"
+DATA_AXIS = "data"
+
+_IMPORTED: list[str] = []  # what `import_modules` imported in this process, in order
+
+
+def initialize_distributed(multihost: str) -> None:
+  """Joins a multi-process run (every process runs the same command) when `multihost` is set.
+
+  Args:
+    multihost: "" (one process: nothing to do); "auto" (the coordinator, process count and
+      id are detected on Cloud TPU, SLURM, Open MPI and Kubernetes); or
+      "<coordinator host:port>,<num_processes>,<process_id>".
+
+  Raises:
+    ValueError: a malformed `multihost`.
+  """
+  if not multihost:
+    return
+  if multihost == "auto":
+    jax.distributed.initialize()
+    return
+  parts = multihost.split(",")
+  if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
+                     "'<host:port>,<num_processes>,<process_id>'.")
+  jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
+
+
+def make_mesh() -> Mesh:
+  """A 1-D mesh over every device of every process, axis DATA_AXIS (batch rows split over it)."""
+  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+
+
+def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's contiguous share of the rows of a batch that every process holds whole."""
+  return pipeline.shard_rows(batch, jax.process_index(), jax.process_count())
+
+
+def _is_file(spec: str) -> bool:
+  return spec.endswith(".py") or os.sep in spec
+
+
+def _import_file(path: str) -> ModuleType:
+  """Imports a .py file as a module named after it (importable again by that name)."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+    return sys.modules[name]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[name]
+    raise
+  return module
+
+
+def _origin(spec: str) -> str | None:
+  """The file a module spec would run (a .py path, or the module's file), without running it."""
+  if _is_file(spec):
+    return os.path.abspath(spec)
+  try:
+    found = importlib.util.find_spec(spec)
+  except (ImportError, ValueError):
+    return None
+  return None if found is None else found.origin
+
+
+def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> None:
+  """Imports the user's modules (a module name, or a path to a .py file), e.g. a position
+  variant's, and records them for `imported`.
+
+  Args:
+    specs: what --import gave, in order.
+    refuse_under: a folder whose code must never run (a workdir being evaluated).
+
+  Raises:
+    ValueError: a module that cannot be found or imported, or that lies under `refuse_under`,
+      naming it.
+  """
+  for spec in specs:
+    origin = _origin(spec)
+    if origin is None or (_is_file(spec) and not os.path.isfile(origin)):
+      raise ValueError(f"--import={spec}: no such module or .py file (a module must be "
+                       f"importable: on PYTHONPATH, or give the path of its .py file).")
+    if refuse_under is not None and os.path.commonpath(
+        [os.path.realpath(origin), os.path.realpath(refuse_under)]) == os.path.realpath(
+            refuse_under):
+      raise ValueError(f"--import={spec}: {origin} lies inside the workdir {refuse_under}; "
+                       f"code found in a workdir is never run.")
+    try:
+      if _is_file(spec):
+        _import_file(origin)
+      else:
+        importlib.import_module(spec)
+    except Exception as e:  # the user's code: any error is theirs, named in one line
+      raise ValueError(f"--import={spec}: importing it failed: {type(e).__name__}: {e}") from e
+    recorded = origin if _is_file(spec) else spec
+    if recorded not in _IMPORTED:
+      _IMPORTED.append(recorded)
+
+
+def imported() -> list[str]:
+  """What `import_modules` imported in this process: module names and absolute .py paths."""
+  return list(_IMPORTED)
+
+
+def write_imports(workdir: str) -> None:
+  """Records `imported()` as `workdir/imports.json` (process 0; nothing when empty), so that
+  evaluation imports the same modules."""
+  if jax.process_index() != 0 or not _IMPORTED:
+    return
+  path = os.path.join(workdir, IMPORTS_FILE)
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(_IMPORTED, f, indent=2)
+  os.replace(path + ".tmp", path)
+
+
+def import_recorded(workdir: str) -> None:
+  """Imports the modules a run recorded in `workdir/imports.json` (none without the file),
+  refusing any that lies inside the workdir.
+
+  Raises:
+    ValueError: the file is not a JSON list of strings, or a module fails (naming it).
+  """
+  path = os.path.join(workdir, IMPORTS_FILE)
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    try:
+      specs = json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+  if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
+    raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
+  try:
+    import_modules(specs, refuse_under=workdir)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None

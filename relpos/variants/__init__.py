@@ -1,0 +1,20 @@
+"""Position variants, one module each, found by name through a registry.
+
+  none      no position information
+  absolute  encodings of each token's position added to the embeddings (Vaswani et al. 2017)
+  relative  Shaw et al. (2018) tables a^K / a^V in self-attention
+  t5        one learned scalar per head per logarithmic bucket (Raffel et al. 2020)
+  rope      rotary embeddings of queries and keys (Su et al. 2021)
+  alibi     a linear distance bias per head (Press et al. 2022)
+
+`interface` says what a variant is; a new one is a module of its own that registers a
+`Variant` subclass (README: "Adding a position variant"). Importing this package registers the
+built-in ones.
+"""
+from relpos.variants.interface import AttentionPosition, AttentionTerms, Variant
+from relpos.variants.interface import all_fields, get, names, register
+# Importing a built-in variant registers it; the order is the order of `names()`.
+from relpos.variants import none, absolute, relative, t5, rope, alibi  # pylint: disable=g-bad-import-order,wrong-import-position
+
+__all__ = ["AttentionPosition", "AttentionTerms", "Variant", "all_fields", "get", "names",
+           "register"]
