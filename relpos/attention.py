@@ -18,6 +18,9 @@ from relpos.kernels import relative as kernel
 from relpos.variants import interface as variants
 
 Cache = dict[str, jax.Array]
+# The Shaw et al. core under its public name (a contract of the design: importable from here
+# wherever the kernel lives).
+relative_dot_product_attention = kernel.relative_dot_product_attention
 
 
 class MultiHeadAttention(nnx.Module):

@@ -41,6 +41,7 @@ from relpos import runtime
 PyTree = Any
 Restored = TypeVar("Restored")
 STATE_METADATA = os.path.join("state", "_METADATA")
+MAX_CAUSE_CHARS = 400  # of an error's message shown to a user
 
 
 class DamagedCheckpointError(ValueError):
@@ -184,10 +185,20 @@ def _reading(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
   try:
     yield
   except Exception as e:  # pylint: disable=broad-exception-caught
-    cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    cause = re.split(r" See full TensorStore details| \[tensorstore_spec=", cause)[0][:400]
     raise DamagedCheckpointError(f"checkpoint {step_dir(manager, step)} is damaged: reading it "
-                                 f"failed: {cause.rstrip('.')}.") from e
+                                 f"failed: {short_cause(e).rstrip('.')}.") from e
+
+
+def short_cause(error: BaseException, max_chars: int | None = MAX_CAUSE_CHARS) -> str:
+  """What a user needs of an error from tensorstore, Orbax or grain: the first line of its
+  message, without the tensorstore spec and details that follow the file and the reason (they
+  run to 1,000 characters), cut at `max_chars` (None: whole)."""
+  cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  cause = re.split(r" See full TensorStore details| \[tensorstore_spec=| \[source locations=",
+                   cause)[0]
+  if max_chars is None or len(cause) <= max_chars:
+    return cause
+  return cause[:max_chars - 3] + "..."
 
 
 def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:

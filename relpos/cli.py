@@ -13,13 +13,15 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
+from relpos import checkpoints
 from relpos import locks
 from relpos import runtime
 from relpos import train
 
 Result = TypeVar("Result")
-# What a user's input or the state of a workdir can cause: one line, no traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, locks.WorkdirInUseError, train.NonFiniteError)
+# What a user's input, the state of a workdir or the machine (a full disk, a folder without
+# write permission) can cause: one line, no traceback.
+USER_ERRORS = (ValueError, OSError, locks.WorkdirInUseError, train.NonFiniteError)
 # Packages whose warnings speak to their own developers, not to a relpos user (TFDS's "Using
 # custom data configuration ...", Orbax's "Requested `tracked_metric`; did not provide
 # metrics."): without --verbosity only their errors are shown.
@@ -149,7 +151,8 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
 
   Raises:
     app.UsageError: on positional arguments.
-    SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback;
+    SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback
+      (the message's first line, without a tensorstore spec: `checkpoints.short_cause`);
       "interrupted[: <message>]" (status 130) on KeyboardInterrupt.
   """
   if len(argv) > 1:
@@ -158,7 +161,7 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
     start(multihost)
     return work()
   except USER_ERRORS as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {checkpoints.short_cause(e, max_chars=None)}")
   except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.train.Preemption)
     print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
     sys.exit(130)

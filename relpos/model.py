@@ -71,33 +71,22 @@ def default_config() -> ml_collections.ConfigDict:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Architecture of the Transformer: the `model.*` fields + vocab_size.
+  """Architecture of the Transformer: vocab_size and the value of every `model.*` field.
 
-  Built by `from_config`, which checks every field. The fields of the position variants are in
-  `options` and read as attributes too (`config.max_relative_position`).
+  Built by `from_config`, which checks every field. Fields are read as attributes
+  (`config.emb_dim`, `config.max_relative_position`); what each means, its default and its rule
+  are in its `relpos.fields.Field`: `FIELDS` here, each variant's in its module.
+
+  Attributes:
+    vocab_size: the task's vocabulary size.
+    values: (name, value) of every field of `FIELDS` and of every registered variant, sorted.
 
   Raises:
     ValueError: naming the first invalid field (as config field model.<name>), its value and
       the allowed values.
   """
   vocab_size: int
-  emb_dim: int
-  num_heads: int
-  qkv_dim: int
-  mlp_dim: int
-  num_encoder_layers: int
-  num_decoder_layers: int
-  dropout_rate: float
-  attention_dropout_rate: float
-  pre_layer_norm: bool
-  share_embeddings: bool
-  logits_via_embedding: bool
-  max_len: int
-  position: str
-  dtype: str
-  attention_implementation: str
-  # (name, value) of every registered variant's fields, sorted by name.
-  options: tuple[tuple[str, Any], ...] = ()
+  values: tuple[tuple[str, Any], ...]
 
   def __post_init__(self):
     if self.position not in variants.names():
@@ -113,9 +102,9 @@ class TransformerConfig:
       variants.get(name).check(self)
 
   def __getattr__(self, name: str) -> Any:
-    options = dict(self.__dict__.get("options", ()))
-    if name in options:
-      return options[name]
+    values = dict(self.__dict__.get("values", ()))
+    if name in values:
+      return values[name]
     raise AttributeError(f"TransformerConfig has no field {name!r}.")
 
   def _check_cudnn(self) -> None:
@@ -149,7 +138,7 @@ class TransformerConfig:
 
   def fields(self) -> dict[str, Any]:
     """Every `model.*` field and its value (vocab_size is the task's)."""
-    return {**{name: getattr(self, name) for name in FIELDS}, **dict(self.options)}
+    return dict(self.values)
 
   @classmethod
   def from_config(cls, model_cfg: Mapping[str, Any] | ml_collections.ConfigDict,
@@ -161,12 +150,10 @@ class TransformerConfig:
     Raises:
       ValueError: an unknown field or an invalid value, naming it.
     """
-    variant_fields = variants.all_fields()
     values = fields.resolve(
-        {name: model_cfg[name] for name in model_cfg.keys()}, {**FIELDS, **variant_fields},
+        {name: model_cfg[name] for name in model_cfg.keys()}, {**FIELDS, **variants.all_fields()},
         "model", hint=" A field of your own variant? --import=<its module> registers it.")
-    return cls(vocab_size=vocab_size, **{name: values[name] for name in FIELDS},
-               options=tuple(sorted((name, values[name]) for name in variant_fields)))
+    return cls(vocab_size=vocab_size, values=tuple(sorted(values.items())))
 
 
 class MlpBlock(nnx.Module):

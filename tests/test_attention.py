@@ -10,6 +10,7 @@ from flax import nnx
 
 from relpos import attention
 from relpos import positions
+from relpos.kernels import relative as kernel
 from relpos.variants import alibi
 from relpos.variants import relative
 from relpos.variants import rope
@@ -201,3 +202,6 @@ def test_bfloat16_module_keeps_float32_parameters_and_a_bfloat16_cache():
   out, cache = module(_normal(34, (2, 1, 16)), cache=cache, cache_index=0)
   assert out.dtype == jnp.bfloat16 and cache["key"].dtype == jnp.bfloat16
 
+
+def test_the_kernel_keeps_its_public_name():
+  assert attention.relative_dot_product_attention is kernel.relative_dot_product_attention

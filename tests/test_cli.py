@@ -123,6 +123,22 @@ def test_run_turns_the_listed_errors_into_one_line(parsed_flags):
     cli.run(["prog"], lambda: {}["x"])
 
 
+def test_run_shortens_a_tensorstore_error_to_the_file_and_the_reason(parsed_flags):
+  spec = "{" + ", ".join(f'"field_{i}": "{i:04d}"' for i in range(60)) + "}"
+  def fail():
+    raise ValueError(f"NOT_FOUND: Error opening \"zarr3\" driver: /runs/x/checkpoints/28/state "
+                     f"is missing [tensorstore_spec='{spec}'] [source locations='a.cc:1']\n"
+                     f"second line")
+
+  with pytest.raises(SystemExit) as stop:
+    cli.run(["prog"], fail)
+  assert str(stop.value) == ('error: NOT_FOUND: Error opening "zarr3" driver: '
+                             '/runs/x/checkpoints/28/state is missing')
+  with pytest.raises(SystemExit, match=r"error: \[Errno 28\] No space left on device: 'runs/x'"):
+    cli.run(["prog"], lambda: (_ for _ in ()).throw(OSError(28, "No space left on device",
+                                                            "runs/x")))
+
+
 @pytest.mark.parametrize("case, files, command, line", MISTAKES, ids=[m[0] for m in MISTAKES])
 def test_user_mistakes_end_with_one_line(case, files, command, line, tmp_path):
   del case  # the test's id
