@@ -11,13 +11,16 @@ A workdir holds:
                         training set aside
   eval/                 eval.py's translations and scores
 """
+import atexit
 import importlib
 import importlib.util
 import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TextIO
 
 import jax
 import numpy as np
@@ -36,6 +39,10 @@ EVAL_DIR = "eval"
 DATA_AXIS = "data"
 
 _IMPORTED: list[str] = []  # what `import_modules` imported in this process, in order
+# Lines that C++ code prints straight to stdout, past Python's logging, and that say nothing to
+# a user: Gloo's on connecting the processes of a CPU run ("[Gloo] Rank 0 is connected to 1
+# peer ranks. ...", several per process, mixed into the progress bar and the JSON result).
+NOISE_LINE_PREFIXES = (b"[Gloo] Rank ",)
 
 
 def initialize_distributed(multihost: str) -> None:
@@ -44,13 +51,16 @@ def initialize_distributed(multihost: str) -> None:
   Args:
     multihost: "" (one process: nothing to do); "auto" (the coordinator, process count and
       id are detected on Cloud TPU, SLURM, Open MPI and Kubernetes); or
-      "<coordinator host:port>,<num_processes>,<process_id>".
+      "<coordinator host:port>,<num_processes>,<process_id>". With several processes the
+      lines of NOISE_LINE_PREFIXES are dropped from stdout and stderr (`LineFilter`).
 
   Raises:
     ValueError: a malformed `multihost`.
   """
   if not multihost:
     return
+  for stream in (sys.stdout, sys.stderr):
+    LineFilter(stream, NOISE_LINE_PREFIXES)
   if multihost == "auto":
     jax.distributed.initialize()
     return
@@ -59,6 +69,71 @@ def initialize_distributed(multihost: str) -> None:
     raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
                      "'<host:port>,<num_processes>,<process_id>'.")
   jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
+
+
+def drop_lines(data: bytes, held: bytes, at_line_start: bool,
+               prefixes: Sequence[bytes]) -> tuple[bytes, bytes, bool]:
+  """One step of a stream filter that drops whole lines starting with one of `prefixes`.
+
+  Args:
+    data: the bytes just written.
+    held: the bytes the previous step held back (b"" at first).
+    at_line_start: whether `held + data` starts a line (True at first).
+    prefixes: the starts of the lines to drop.
+
+  Returns:
+    (the bytes to pass on now; the bytes to hold back: the start of a line that is, or may
+    still become, a dropped one; whether what comes next starts a line). Everything else
+    passes at once, so a progress bar redrawn with "\r" is not delayed.
+  """
+  text, out, start = held + data, bytearray(), 0
+  while start < len(text):
+    end = text.find(b"\n", start)
+    line = text[start:] if end < 0 else text[start:end + 1]
+    if at_line_start and end < 0 and any(line.startswith(p) or p.startswith(line)
+                                         for p in prefixes):
+      return bytes(out), line, True
+    if not (at_line_start and any(line.startswith(p) for p in prefixes)):
+      out += line
+    at_line_start = end >= 0
+    start += len(line)
+  return bytes(out), b"", at_line_start
+
+
+class LineFilter:
+  """Drops, from everything written to a stream's file descriptor (by C++ code too), the lines
+  that start with one of `prefixes`: the descriptor becomes a pipe that a thread copies to the
+  original through `drop_lines`. At exit the original is put back and the pipe drained."""
+
+  def __init__(self, stream: TextIO, prefixes: Sequence[bytes]):
+    self._stream = stream
+    self._fd = stream.fileno()
+    self._prefixes = tuple(prefixes)
+    stream.flush()
+    self._original = os.dup(self._fd)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, self._fd)
+    os.close(write_end)
+    self._read_end = read_end
+    self._thread = threading.Thread(target=self._copy, name="line-filter", daemon=True)
+    self._thread.start()
+    atexit.register(self.close)
+
+  def _copy(self) -> None:
+    held, at_line_start = b"", True
+    while data := os.read(self._read_end, 1 << 16):
+      out, held, at_line_start = drop_lines(data, held, at_line_start, self._prefixes)
+      if out:
+        os.write(self._original, out)
+    if held and not any(held.startswith(p) for p in self._prefixes):
+      os.write(self._original, held)  # an unended line at exit that was not a dropped one
+    os.close(self._read_end)
+
+  def close(self) -> None:
+    """Puts the original descriptor back and waits for the pipe to drain."""
+    self._stream.flush()
+    os.dup2(self._original, self._fd)  # closes the pipe's write end: the thread sees its end
+    self._thread.join(timeout=5)
 
 
 def make_mesh() -> Mesh:
