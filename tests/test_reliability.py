@@ -506,7 +506,7 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, t
   train.train_and_evaluate(make_config(data_dir, TWO_PROCESS_RUN), reference)  # 4 devices
   expected = evaluate.evaluate_checkpoint(reference, split="validation", beam_size=1)
   outputs = _in_two_processes(data_dir, workdir, environment)
-  results = [json.loads(stdout) for stdout in outputs]  # stdout holds the result alone
+  results = [json.loads(stdout.strip().splitlines()[-1]) for stdout in outputs]
   assert sorted(os.listdir(os.path.join(checkpoints.checkpoint_dir(workdir), "4", "data"))) == [
       "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
   losses = lambda run: [(r["step"], r["smoothed_loss"]) for r in metrics_writer.read_metrics(run)
