@@ -59,16 +59,17 @@ def initialize_distributed(multihost: str) -> None:
   """
   if not multihost:
     return
+  parts = multihost.split(",")
+  if multihost != "auto" and (len(parts) != 3 or not parts[1].isdigit()
+                              or not parts[2].isdigit()):
+    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
+                     "'<host:port>,<num_processes>,<process_id>'.")
   for stream in (sys.stdout, sys.stderr):
     LineFilter(stream, NOISE_LINE_PREFIXES)
   if multihost == "auto":
     jax.distributed.initialize()
-    return
-  parts = multihost.split(",")
-  if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
-                     "'<host:port>,<num_processes>,<process_id>'.")
-  jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
+  else:
+    jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
 
 
 def drop_lines(data: bytes, held: bytes, at_line_start: bool,
@@ -131,7 +132,8 @@ class LineFilter:
 
   def close(self) -> None:
     """Puts the original descriptor back and waits for the pipe to drain."""
-    self._stream.flush()
+    if not self._stream.closed:
+      self._stream.flush()
     os.dup2(self._original, self._fd)  # closes the pipe's write end: the thread sees its end
     self._thread.join(timeout=5)
 
