@@ -1,9 +1,9 @@
 """Trains a relpos model: `python train.py --config=configs/ablation.py:rel_kv --workdir=runs/x`.
 
 Any config field can be overridden, e.g. `--config.model.max_relative_position=8`; a position
-variant of your own is trained with `--import=my_variant.py --config.model.position=<its name>`. Starting
-again with the same --workdir resumes from its latest checkpoint; SIGTERM saves a checkpoint
-and exits with status 0. On several hosts pass --multihost
+variant of your own is trained with `--import=my_variant.py --config.model.position=<its
+name>`. Starting again with the same --workdir resumes from its latest checkpoint; SIGTERM
+saves a checkpoint and exits with status 0. On several hosts pass --multihost
 (see relpos.runtime.initialize_distributed).
 """
 import json

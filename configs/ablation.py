@@ -55,8 +55,8 @@ _K_PREFIX = "k="
 def variant_rows() -> tuple[str, ...]:
   """Registered position variants without a row of `ROWS` named after them (a user's own,
   imported with --import): each is a row of its own name, with its fields at their defaults."""
-  return tuple(name for name in variants.names() if name not in ROWS
-               and name not in {row["position"] for row in ROWS.values()})
+  taken = set(ROWS) | {row["position"] for row in ROWS.values()}
+  return tuple(name for name in variants.names() if name not in taken)
 
 
 def row_overrides(row: str) -> dict[str, object]:

@@ -241,8 +241,9 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
 
 
 def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
-  """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/runtime.DAMAGED_DIR/`, out of the
-  manager's sight, so that the run can save those steps again; nothing is deleted."""
+  """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/damaged_checkpoints/`
+  (`runtime.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
+  again; nothing is deleted."""
   if jax.process_index() == 0:
     for step in steps:
       target = os.path.join(os.path.dirname(str(manager.directory)), runtime.DAMAGED_DIR,

@@ -91,6 +91,13 @@ def _node(config: ml_collections.ConfigDict, path: str) -> Any:
   return node
 
 
+def _set_missing(config: ml_collections.ConfigDict, node: ml_collections.ConfigDict,
+                 values: dict[str, Any]) -> None:
+  """Adds to `node`, a section of `config`, the fields of `values` it lacks (their defaults)."""
+  with config.unlocked():
+    node.update({name: value for name, value in values.items() if name not in node})
+
+
 def _resolve_sections(config: ml_collections.ConfigDict) -> None:
   """Checks every field of FIELDS, section by section, setting missing ones to their defaults.
 
@@ -104,9 +111,7 @@ def _resolve_sections(config: ml_collections.ConfigDict) -> None:
     node = _node(config, section)
     given = {name: node[name] for name in node.keys()
              if section in _CLOSED_SECTIONS or name in known}
-    resolved = fields.resolve(given, known, section)
-    with config.unlocked():
-      node.update({name: value for name, value in resolved.items() if name not in node})
+    _set_missing(config, node, fields.resolve(given, known, section))
 
 
 def _check_ranges(config: ml_collections.ConfigDict) -> None:
@@ -140,7 +145,5 @@ def validate(config: ml_collections.ConfigDict) -> model_lib.TransformerConfig:
   _resolve_sections(config)
   _check_ranges(config)
   model_config = model_lib.TransformerConfig.from_config(config.model, config.task.vocab_size)
-  with config.unlocked():
-    config.model.update({name: value for name, value in model_config.fields().items()
-                         if name not in config.model})
+  _set_missing(config, config.model, model_config.fields())
   return model_config

@@ -214,11 +214,7 @@ def read_config_json(path: str) -> ml_collections.ConfigDict:
   Raises:
     ValueError: naming the file, when it is not JSON or not a config (e.g. a "__reduce__" key).
   """
-  with open(path, encoding="utf-8") as f:
-    try:
-      data = json.load(f)
-    except ValueError as e:
-      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+  data = runtime.read_json(path)
   try:
     return ml_collections.ConfigDict(data)
   except (AttributeError, TypeError, ValueError) as e:

@@ -46,7 +46,8 @@ class MetricsWriter:
     with open(self._path, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept)
     self._tensorboard = tensorboardX.SummaryWriter(
-        os.path.join(workdir, runtime.TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
+        os.path.join(workdir, runtime.TENSORBOARD_DIR),
+        purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
     """Writes one record {"step", "split", **metrics} as strict JSON (a NaN or infinite value

@@ -62,11 +62,15 @@ FIELDS: dict[str, fields.Field] = {
 DecodeCache = list[attention.Cache]
 
 
+def all_fields() -> dict[str, fields.Field]:
+  """Every `model.*` field: the architecture's, then each registered variant's."""
+  return {**FIELDS, **variants.all_fields()}
+
+
 def default_config() -> ml_collections.ConfigDict:
-  """`config.model` with every field at its default: the architecture's, then each registered
-  variant's (so a variant imported before the config is built can be configured)."""
-  return ml_collections.ConfigDict(
-      {name: field.default for name, field in {**FIELDS, **variants.all_fields()}.items()})
+  """`config.model` with every field of `all_fields` at its default (so a variant imported
+  before the config is built can be configured)."""
+  return ml_collections.ConfigDict({name: field.default for name, field in all_fields().items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +155,8 @@ class TransformerConfig:
       ValueError: an unknown field or an invalid value, naming it.
     """
     values = fields.resolve(
-        {name: model_cfg[name] for name in model_cfg.keys()}, {**FIELDS, **variants.all_fields()},
-        "model", hint=" A field of your own variant? --import=<its module> registers it.")
+        {name: model_cfg[name] for name in model_cfg.keys()}, all_fields(), "model",
+        hint=" A field of your own variant? --import=<its module> registers it.")
     return cls(vocab_size=vocab_size, values=tuple(sorted(values.items())))
 
 

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TextIO
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -218,15 +218,33 @@ def imported() -> list[str]:
   return list(_IMPORTED)
 
 
+def write_json(path: str, data: Any, **dump_options: Any) -> None:
+  """Writes `data` as JSON to `path` whole or not at all (a temporary file renamed), so that a
+  reader never sees half of it; `dump_options` go to `json.dump` (indent, sort_keys)."""
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(data, f, **dump_options)
+  os.replace(path + ".tmp", path)
+
+
+def read_json(path: str) -> Any:
+  """The JSON data in `path`.
+
+  Raises:
+    ValueError: naming the file, when it is not whole JSON.
+  """
+  with open(path, encoding="utf-8") as f:
+    try:
+      return json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+
+
 def write_imports(workdir: str) -> None:
   """Records `imported()` as `workdir/imports.json` (process 0; nothing when empty), so that
   evaluation imports the same modules."""
   if jax.process_index() != 0 or not _IMPORTED:
     return
-  path = os.path.join(workdir, IMPORTS_FILE)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(_IMPORTED, f, indent=2)
-  os.replace(path + ".tmp", path)
+  write_json(os.path.join(workdir, IMPORTS_FILE), _IMPORTED, indent=2)
 
 
 def import_recorded(workdir: str) -> None:
@@ -239,11 +257,7 @@ def import_recorded(workdir: str) -> None:
   path = os.path.join(workdir, IMPORTS_FILE)
   if not os.path.exists(path):
     return
-  with open(path, encoding="utf-8") as f:
-    try:
-      specs = json.load(f)
-    except ValueError as e:
-      raise ValueError(f"{path} is not valid JSON ({e}).") from None
+  specs = read_json(path)
   if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
     raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
   try:

@@ -22,7 +22,6 @@ float32; float16's narrow range needs the loss scaled up before differentiation 
 small activations would flush to zero) and the gradients scaled back down.
 """
 import functools
-import json
 import os
 import signal
 import threading
@@ -458,10 +457,8 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
-  os.replace(path + ".tmp", path)
+  runtime.write_json(os.path.join(workdir, runtime.CONFIG_FILE), config.to_dict(), indent=2,
+                     sort_keys=True)
 
 
 class _Recorder:

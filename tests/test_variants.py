@@ -57,7 +57,8 @@ class DistanceBiasVariant(variants.Variant):
 def fixture_registered(monkeypatch):
   """DistanceBiasVariant registered as 'distance_bias' for one test (the registry restored
   after it)."""
-  monkeypatch.setattr(interface, "_REGISTRY", dict(interface._REGISTRY))  # pylint: disable=protected-access
+  registry = dict(interface._REGISTRY)  # pylint: disable=protected-access
+  monkeypatch.setattr(interface, "_REGISTRY", registry)
   variants.register("distance_bias")(DistanceBiasVariant)
 
 

@@ -176,13 +176,6 @@ def _now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _write_json(path: str, data: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(data, f, indent=1)
-  os.replace(tmp, path)
-
-
 def train_steps_per_second(workdir: str) -> float | None:
   """Median training steps per second over the run's logged intervals (compilation and
   evaluation time excluded); None when no interval was timed."""
@@ -298,7 +291,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
         "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
         "environment": {**environment(), "finished_at": _now()},
     }
-    _write_json(os.path.join(workdir, RESULT_FILE), result)
+    runtime.write_json(os.path.join(workdir, RESULT_FILE), result, indent=1)
   return result
 
 
@@ -331,9 +324,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def write_outputs(output_dir: str) -> dict[str, Any]:
   """results.json from the finished runs, then table.md and the plots from it."""
   results_path = os.path.join(output_dir, "results.json")
-  _write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
-                             "written_at": _now(), **environment(),
-                             "runs": collect(output_dir)})
+  runtime.write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
+                                    "written_at": _now(), **environment(),
+                                    "runs": collect(output_dir)}, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)

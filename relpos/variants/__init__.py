@@ -14,7 +14,8 @@ built-in ones.
 from relpos.variants.interface import AttentionPosition, AttentionTerms, Variant
 from relpos.variants.interface import all_fields, get, names, register
 # Importing a built-in variant registers it; the order is the order of `names()`.
-from relpos.variants import none, absolute, relative, t5, rope, alibi  # pylint: disable=g-bad-import-order,wrong-import-position
+# pylint: disable-next=g-bad-import-order,wrong-import-position
+from relpos.variants import none, absolute, relative, t5, rope, alibi
 
 __all__ = ["AttentionPosition", "AttentionTerms", "Variant", "all_fields", "get", "names",
            "register"]
