@@ -14,6 +14,14 @@ import tensorboardX
 
 from relpos import runtime
 
+# The fields of a record that are timings (train steps per second, a validation's seconds):
+# every other field is the same in two executions of the same run, resumed or not.
+TIMING_FIELDS = ("steps_per_second", "time_s")
+
+
+def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """`records` without their TIMING_FIELDS."""
+  return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:

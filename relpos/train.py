@@ -582,7 +582,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Returns:
     {"step", "preempted", "early_stopped", "train": last train summary, "validation": last
-    validation metrics}.
+    validation metrics, "validation_time_s": seconds this call spent validating}.
 
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
@@ -689,7 +689,7 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
   validation_history = _validation_history(workdir, first)
   result = {"step": first, "preempted": False, "early_stopped": False,
             "train": last_records.get("train", {}),
-            "validation": last_records.get(VALIDATION_SPLIT, {})}
+            "validation": last_records.get(VALIDATION_SPLIT, {}), "validation_time_s": 0.0}
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
   recorder = _Recorder(train_config, int(state["num_skipped"]), progress, manager.latest_step)
@@ -707,7 +707,10 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         writer.write(step, "train", result["train"])
       eval_metrics = None
       if evaluate_now:
-        eval_metrics = result["validation"] = _validate(config, task, steps, state)
+        start = time.perf_counter()
+        eval_metrics = result["validation"] = {
+            **_validate(config, task, steps, state), "time_s": time.perf_counter() - start}
+        result["validation_time_s"] += eval_metrics["time_s"]
         writer.write(step, VALIDATION_SPLIT, eval_metrics)
         validation_history.append(eval_metrics)
       if save_now:

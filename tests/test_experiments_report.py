@@ -44,7 +44,8 @@ def test_load_runs_reads_older_schemas_and_refuses_newer_ones(results_path, tmp_
   assert len(report.load_runs(str(results_path))) == 11  # version 1: no schema_version field
   newer = tmp_path / "newer.json"
   newer.write_text(json.dumps({"schema_version": report.RESULTS_SCHEMA_VERSION + 1, "runs": []}))
-  with pytest.raises(ValueError, match=f"{newer}: schema_version=3 is newer"):
+  version = report.RESULTS_SCHEMA_VERSION + 1
+  with pytest.raises(ValueError, match=f"{newer}: schema_version={version} is newer"):
     report.load_runs(str(newer))
 
 
@@ -63,6 +64,19 @@ def test_table_rebuilt_from_results_json_alone(results_path, tmp_path):
   # Per-length buckets, sorted by their first length.
   assert "| row | 13-18 | 19-24 |" in text
   assert "| rel_kv | 42.0 ± 1.4 | 40.0 ± 1.4 |" in text
+  assert "Time per run" not in text  # these runs (schema 1) record no time_s
+
+
+def test_table_says_where_the_time_went(tmp_path):
+  runs = [{**_run("ablation", "abs", seed, 50.0, 10.0), "wall_time_s": total,
+           "time_s": {"training": total - 30.0, "validation": 10.0, "evaluation": 20.0}}
+          for seed, total in ((0, 100.0), (1, 140.0))]
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": 3, "runs": runs}))
+  text = report.write_table(str(path), str(tmp_path / "table.md"))
+  assert ("Time per run (mean of 2): 120 s = training 90 s (steps, compilation, checkpoints) + "
+          "validation during training 10 s + final evaluation 20 s (every split, position "
+          "statistics).") in text
 
 
 def test_welch_against_the_closed_form():

@@ -95,7 +95,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
       datetime.timedelta(hours=1))
   environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
                  "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
-  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 2
+  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 3
   assert {k: results[k] for k in environment} == environment
   for run in runs:
     assert {k: run["environment"][k] for k in environment} == environment
@@ -108,6 +108,9 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert 0.0 <= run["scores"]["test"]["bleu"] <= 100.0
     assert run["scores"]["test"]["signature"].startswith("nrefs:1")
     assert run["num_params"] > 0 and run["steps_per_second"] > 0
+    assert set(run["time_s"]) == {"training", "validation", "evaluation"}
+    assert min(run["time_s"].values()) > 0
+    assert sum(run["time_s"].values()) == pytest.approx(run["wall_time_s"])
     assert run["config"]["seed"] == 0 and run["config"]["train"]["num_steps"] == 4
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
     stats = run["position_statistics"]
@@ -176,7 +179,7 @@ def _results(output_dir: str) -> list[dict]:
   """The runs of results.json without what differs between two executions of the same run."""
   with open(os.path.join(output_dir, "results.json")) as f:
     runs = json.load(f)["runs"]
-  varying = ("wall_time_s", "steps_per_second", "commit", "workdir", "environment")
+  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "workdir", "environment")
   return [{k: v for k, v in run.items() if k not in varying} for run in runs]
 
 

@@ -39,10 +39,6 @@ def trained(data_dir, tmp_path_factory):
   return config, workdir, train.train_and_evaluate(config, workdir)
 
 
-def without_timing(records):
-  return [{k: v for k, v in r.items() if k != "steps_per_second"} for r in records]
-
-
 def test_learning_rate_schedule_warms_up_then_decays():
   config = tiny.get_config().train
   config.update(learning_rate=0.002, warmup_steps=4)
@@ -127,6 +123,8 @@ def test_run_writes_config_metrics_events_and_checkpoints(trained):
   assert result["step"] == NUM_STEPS and not result["preempted"]
   assert result["validation"] == {k: v for k, v in validation[-1].items()
                                   if k not in ("step", "split")}
+  assert all(record["time_s"] > 0 for record in validation)
+  assert result["validation_time_s"] == pytest.approx(sum(r["time_s"] for r in validation))
   train_losses = [r["smoothed_loss"] for r in records if r["split"] == "train"]
   assert train_losses[-1] < train_losses[0]
   assert os.listdir(os.path.join(workdir, "tensorboard"))
@@ -151,7 +149,7 @@ def test_restarted_run_continues_from_its_checkpoint(trained, tmp_path):
   expected, resumed = checkpoints.read_state(workdir), checkpoints.read_state(stopped)
   jax.tree.map(np.testing.assert_array_equal, resumed, expected)
   uninterrupted = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
-  assert without_timing(uninterrupted) == without_timing(
+  assert metrics_writer.without_timing(uninterrupted) == metrics_writer.without_timing(
       [r for r in records if r["split"] == "train"])
 
 

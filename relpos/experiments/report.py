@@ -3,7 +3,7 @@
 `results.json` (schema version RESULTS_SCHEMA_VERSION, written by `relpos.experiments.runner`)
 holds
 
-    {"schema_version": 2, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
+    {"schema_version": 3, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
      "jax_version": "...", "flax_version": "...", "device_kind": "cpu", "device_count": 1,
      "runs": [run, ...]}
 
@@ -12,6 +12,8 @@ with one run per (table, row, seed), each also holding the "environment" (versio
 
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
+     "time_s": {"training": ..., "validation": ..., "evaluation": ...} (schema 3: where
+     wall_time_s went, see `relpos.experiments.runner.run_one`),
      "steps_per_second": ..., "num_params": ...,
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
@@ -38,8 +40,8 @@ MIN_SEEDS = 3
 
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
-# run's validation_curve.
-RESULTS_SCHEMA_VERSION = 2
+# run's validation_curve; 3: + each run's time_s.
+RESULTS_SCHEMA_VERSION = 3
 
 
 def load_runs(results_path: str) -> list[dict]:
@@ -278,7 +280,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     cells += [paper_cell, f"{params[0]:,}" if params else "–",
               f"{mean_std(speed)[0]:.2f}" if speed else "–"]
     lines.append("| " + " | ".join(cells) + " |")
-  lines.append("")
+  lines += ["", *_time_lines(table_runs)]
   for split in [s for s in splits if s != "validation"]:
     buckets = length_buckets(table_runs, split)
     if not buckets:
@@ -296,6 +298,21 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
       lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines.append("")
   return lines
+
+
+def _time_lines(runs: list[dict]) -> list[str]:
+  """Where a run's wall time went, averaged over the runs that record it (schema 3); no line
+  when none does."""
+  timed = [r for r in runs if "time_s" in r]
+  if not timed:
+    return []
+  mean = lambda values: sum(values) / len(timed)
+  parts = {part: mean([r["time_s"][part] for r in timed])
+           for part in ("training", "validation", "evaluation")}
+  return [f"Time per run (mean of {len(timed)}): {mean([r['wall_time_s'] for r in timed]):.0f} s"
+          f" = training {parts['training']:.0f} s (steps, compilation, checkpoints) + "
+          f"validation during training {parts['validation']:.0f} s + final evaluation "
+          f"{parts['evaluation']:.0f} s (every split, position statistics).", ""]
 
 
 def render_table(runs: list[dict]) -> str:

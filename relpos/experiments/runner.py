@@ -280,11 +280,18 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
     summary = train.train_and_evaluate(config, workdir)
     if summary["preempted"]:
       return None
+    evaluation_start = time.time()
     scores, by_length, statistics, num_params = evaluate_run(workdir)
+    end = time.time()
     result = {
         "table": table, "row": row, "seed": seed, "task": task,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
-        "commit": source_commit, "wall_time_s": time.time() - start,
+        "commit": source_commit, "wall_time_s": end - start,
+        # Where the wall time went (compilation is inside each part): training steps and
+        # checkpoints, validation during training, the final evaluation of every split.
+        "time_s": {"training": evaluation_start - start - summary["validation_time_s"],
+                   "validation": summary["validation_time_s"],
+                   "evaluation": end - evaluation_start},
         "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
         "validation_curve": validation_curve(workdir),
         "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
