@@ -170,6 +170,8 @@ def runs_on(section: str, backend: str) -> bool:
 
 
 def _write(path: str, text: str) -> None:
+  """Writes `text` to `path` whole (a temporary file renamed), making its folder."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write(text)

@@ -166,3 +166,9 @@ def test_profile_step_reads_the_trace_of_the_installed_jax():
       compiled.as_text()), steps=2)
   assert set(seconds) == set(profile.KINDS)
   assert seconds["matmul"] > 0 and min(seconds.values()) >= 0
+
+
+def test_results_go_to_a_new_folder(tmp_path):
+  path = tmp_path / "new" / "results.md"
+  run._write(str(path), "text")
+  assert path.read_text(encoding="utf-8") == "text"
