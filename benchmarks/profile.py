@@ -6,7 +6,8 @@ TensorFlow or TensorBoard needed), attributes every executed XLA instruction's t
 operations it executes (a fusion's: those it fuses), its result type and the JAX operation it
 came from, and reports milliseconds per step per kind for both variants and their difference
 (medians over rounds taken in turns). Instructions that only hold others (conditional, while,
-call) are left out so nothing is counted twice. Times under the profiler run slower than
+call) are left out so nothing is counted twice. "dropout RNG" is every instruction that computes
+the Threefry hash, with the masking (and on CPU the embedding lookup) fused into it. Times under the profiler run slower than
 unprofiled ones; the differences between kinds are what this is for.
 """
 import collections
@@ -32,6 +33,10 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _RANDOM_BITS = re.compile(r"\(?u32\[\d")  # unsigned 32-bit arrays: the PRNG's raw bits
+# The Threefry hash's rotations. Compiled unrolled (relpos.prng), the hash fuses into the
+# instruction that applies its dropout mask (and, for the embeddings' dropout, into the
+# embedding lookup); its 20 rounds per pair of words are most of such an instruction's work.
+_HASH_OPERATIONS = {"shift-left", "shift-right-logical", "xor"}
 _DATA_MOVEMENT = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice",
                   "concatenate", "parameter", "constant", "tuple", "get-tuple-element"}
 
@@ -73,7 +78,7 @@ def kind(operations: set[str], source: str, result_type: str) -> str:
     result_type: the HLO type of its result, e.g. 'f32[32,48]{1,0}'.
   """
   if ("_bernoulli" in source or "_uniform" in source or "threefry" in source
-      or _RANDOM_BITS.match(result_type)):
+      or _RANDOM_BITS.match(result_type) or _HASH_OPERATIONS <= operations):
     return "dropout RNG"
   if operations & {"dot", "convolution"}:
     return "matmul"

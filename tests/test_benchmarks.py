@@ -131,6 +131,15 @@ def test_profile_attributes_instructions_to_kinds():
   ROOT %reduce.0 = (f32[8]{0}, f32[8]{0}) reduce(%p0, %p0, %z, %z), dimensions={1}
 }
 
+%fused_dropout (p0: f32[8], p1: u32[8]) -> f32[8] {
+  %p0 = f32[8]{0} parameter(0)
+  %p1 = u32[8]{0} parameter(1)
+  %shl.0 = u32[8]{0} shift-left(%p1, %p1)
+  %shr.0 = u32[8]{0} shift-right-logical(%p1, %p1)
+  %xor.0 = u32[8]{0} xor(%shl.0, %shr.0)
+  ROOT %select.1 = f32[8]{0} select(%c, %p0, %p0)
+}
+
 %fused_transpose (p0: f32[8,16]) -> f32[16,8] {
   %p0 = f32[8,16]{1,0} parameter(0)
   ROOT %transpose.0 = f32[16,8]{1,0} transpose(%p0), dimensions={1,0}
@@ -145,17 +154,18 @@ ENTRY %main (a: f32[8,4], b: f32[4,16]) -> f32[16,8] {
   %broadcast_add = u32[8]{0} add(%e, %e), metadata={op_name="jit(f)/jit(_bernoulli)/jit(_uniform)/while/body/add"}
   %copy.2 = u32[32,48,64]{2,1,0} copy(%g)
   %add.1 = f32[8]{0} add(%h, %i)
+  %select_add_fusion.8 = f32[8]{0} fusion(%h, %k), kind=kLoop, calls=%fused_dropout, metadata={op_name="jit(f)/jvp()/add"}
   ROOT %bitcast_fusion = f32[16,8]{1,0} fusion(%ynn_fusion.3), kind=kLoop, calls=%fused_transpose
 }
 """
   kinds = profile.instruction_kinds(hlo)
   entry = {name: kinds[name] for name in (
       "ynn_fusion.3", "copy_select_fusion", "select_reduce_fusion", "broadcast_add", "copy.2",
-      "add.1", "bitcast_fusion")}
+      "add.1", "select_add_fusion.8", "bitcast_fusion")}
   assert entry == {"ynn_fusion.3": "matmul", "copy_select_fusion": "gather",
                    "select_reduce_fusion": "reduction", "broadcast_add": "dropout RNG",
                    "copy.2": "dropout RNG", "add.1": "elementwise",
-                   "bitcast_fusion": "transpose/copy"}
+                   "select_add_fusion.8": "dropout RNG", "bitcast_fusion": "transpose/copy"}
   assert "cond.8" not in kinds and "while.7" not in kinds  # containers: never counted twice
 
 
