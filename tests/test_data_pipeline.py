@@ -257,3 +257,9 @@ def test_data_dir_resolution(monkeypatch, tmp_path):
   monkeypatch.delenv("RELPOS_DATA_DIR")
   monkeypatch.setenv("HOME", str(tmp_path))
   assert datasets.data_dir(default.get_config().task) == str(tmp_path / "tensorflow_datasets")
+
+
+def test_tests_prepare_unnamed_data_outside_home(tmp_path_factory):
+  # conftest.py: a config naming no data folder (and the programs tests start) uses this one.
+  data_dir = datasets.data_dir(default.get_config().task)
+  assert data_dir.startswith(str(tmp_path_factory.getbasetemp()))
