@@ -5,7 +5,8 @@ the default key type) to a loop of five iterations, to keep compilation short; o
 it lowers the same 20 rounds unrolled. A loop makes XLA:CPU pass over the whole array once per
 iteration instead of fusing the rounds into one pass. Training draws a dropout mask per
 sublayer each step, so on CPU the loop is a measurable part of a step: the synthetic model's
-train step takes 10-20% less time with the hash unrolled (README, "Speed and memory").
+train step takes about 10% less time with the hash unrolled, and the quick start's table 11%
+less (docs/results.md, session 8).
 
 `lower_threefry_unrolled_on_cpu()` registers the unrolled form as the CPU lowering. It is the
 hash of Salmon et al. (2011), "Parallel random numbers: as easy as 1, 2, 3", exactly as
