@@ -7,8 +7,9 @@ operations it executes (a fusion's: those it fuses), its result type and the JAX
 came from, and reports milliseconds per step per kind for both variants and their difference
 (medians over rounds taken in turns). Instructions that only hold others (conditional, while,
 call) are left out so nothing is counted twice. "dropout RNG" is every instruction that computes
-the Threefry hash, with the masking (and on CPU the embedding lookup) fused into it. Times under the profiler run slower than
-unprofiled ones; the differences between kinds are what this is for.
+the Threefry hash, with the masking (and on CPU the embedding lookup) fused into it. Times
+under the profiler run slower than unprofiled ones; the differences between kinds are what
+this is for.
 """
 import collections
 import glob
