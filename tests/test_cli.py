@@ -43,9 +43,9 @@ MISTAKES = [
     ("config.json with __reduce__", {"run/config.json": '{"__reduce__": "os.system"}'},
      ["eval.py", "--workdir={tmp}/run", "--split=test"],
      "error: {tmp}/run/config.json does not hold a config: '__reduce__ cannot be overridden.'"),
-    ("truncated result.json", {"out/runs/ablation-abs-seed0/result.json": '{"table": "abl'},
+    ("truncated result.json", {"out/runs/synthetic-ablation-abs-seed0/result.json": '{"table": "abl'},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows=abs"],
-     "error: {tmp}/out/runs/ablation-abs-seed0/result.json is not valid JSON (Unterminated "
+     "error: {tmp}/out/runs/synthetic-ablation-abs-seed0/result.json is not valid JSON (Unterminated "
      "string starting at: line 1 column 11 (char 10)): delete it to run that run's evaluation "
      "again."),
 ]
@@ -171,7 +171,7 @@ def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
                   "--config.train.num_steps=2", "--config.decode.validation_bleu=False",
                   f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"],
                  cwd=ROOT, capture_output=True, text=True, check=True)
-  with open(tmp_path / "out" / "runs" / "k_sweep-k3-seed0" / "result.json") as f:
+  with open(tmp_path / "out" / "runs" / "tiny-k_sweep-k3-seed0" / "result.json") as f:
     result = json.load(f)
   assert result["k"] == 3 and result["config"]["model"]["max_relative_position"] == 3
   train = result["config"]["train"]

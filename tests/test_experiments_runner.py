@@ -134,7 +134,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
 
 def test_rerun_skips_finished_rows(finished_table, monkeypatch):
   root, output_dir, _ = finished_table
-  before = os.path.getmtime(os.path.join(output_dir, "runs", "ablation-abs-seed0",
+  before = os.path.getmtime(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0",
                                          "result.json"))
 
   def fail(*args, **kwargs):
@@ -143,7 +143,7 @@ def test_rerun_skips_finished_rows(finished_table, monkeypatch):
   monkeypatch.setattr(runner.train, "train_and_evaluate", fail)
   runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                    rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
-  assert os.path.getmtime(os.path.join(output_dir, "runs", "ablation-abs-seed0",
+  assert os.path.getmtime(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0",
                                        "result.json")) == before
 
 
@@ -210,20 +210,20 @@ def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(finish
                                                                           parallel_table):
   _, in_process_dir, _ = finished_table
   output_dir, outputs, printed = parallel_table
-  rel_kv_log = os.path.join(output_dir, "runs", "ablation-rel_kv-seed0", "run.log")
+  rel_kv_log = os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "run.log")
   assert outputs["failed"] == [rel_kv_log] and not outputs["preempted"]
-  assert re.search(r"run [12] of 2 failed: ablation-rel_kv-seed0 \(killed by SIGKILL\); "
+  assert re.search(r"run [12] of 2 failed: synthetic-ablation-rel_kv-seed0 \(killed by SIGKILL\); "
                    r"log: " + re.escape(rel_kv_log), printed)
-  assert re.search(r"run [12] of 2 finished: ablation-abs-seed0 \(test BLEU", printed)
+  assert re.search(r"run [12] of 2 finished: synthetic-ablation-abs-seed0 \(test BLEU", printed)
   assert _results(output_dir) == _results(in_process_dir)[:1]  # abs: the same numbers
-  abs_log = open(os.path.join(output_dir, "runs", "ablation-abs-seed0", "run.log")).read()
+  abs_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "run.log")).read()
   assert "relpos.experiments.run_one --table=ablation --row=abs --seed=0" in abs_log
 
 
 def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, parallel_table):
   root, in_process_dir, _ = finished_table
   output_dir, _, _ = parallel_table
-  abs_dir = os.path.join(output_dir, "runs", "ablation-abs-seed0")
+  abs_dir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
   abs_log = open(os.path.join(abs_dir, "run.log")).read()
   abs_written = os.path.getmtime(os.path.join(abs_dir, "result.json"))
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
@@ -232,7 +232,7 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
   assert outputs["failed"] == [] and not outputs["preempted"]
   assert open(os.path.join(abs_dir, "run.log")).read() == abs_log  # not started again
   assert os.path.getmtime(os.path.join(abs_dir, "result.json")) == abs_written
-  rel_kv_log = open(os.path.join(output_dir, "runs", "ablation-rel_kv-seed0", "run.log")).read()
+  rel_kv_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "run.log")).read()
   assert "Resuming from step 4" in rel_kv_log
   assert _results(output_dir) == _results(in_process_dir)
 
@@ -247,7 +247,7 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
     return [sys.executable, "-c", WAITS_FOR_SIGTERM]
 
   def logs(rows):
-    return [os.path.join(output_dir, "runs", f"ablation-{row}-seed0", "run.log") for row in rows]
+    return [os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log") for row in rows]
 
   def terminate_when_ready():
     for _ in range(600):
@@ -264,13 +264,13 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
                              overrides=_tiny_overrides(data_dir))
   printed = capsys.readouterr().out
   assert outputs["preempted"] and outputs["failed"] == logs(["none"])
-  assert "run 1 of 3 failed: ablation-none-seed0 (exit status 1); log: " in printed
+  assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
   assert "none failed" in open(logs(["none"])[0]).read()
   # two at once: rel_kv started only when none had ended
-  assert printed.index("failed: ablation-none") < printed.index("started ablation-rel_kv")
+  assert printed.index("failed: synthetic-ablation-none") < printed.index("started synthetic-ablation-rel_kv")
   for log in logs(["abs", "rel_kv"]):
     assert "ready 0.450" in open(log).read() and "saved" in open(log).read()
-  assert "stopping ablation-abs-seed0, ablation-rel_kv-seed0" in printed
+  assert "stopping synthetic-ablation-abs-seed0, synthetic-ablation-rel_kv-seed0" in printed
   assert signal.getsignal(signal.SIGTERM) is handler
   with open(os.path.join(output_dir, "results.json")) as f:
     assert json.load(f)["runs"] == []

@@ -2,7 +2,7 @@ r"""Trains and evaluates one (row, seed) of a table in its workdir: the child pr
 `python -m relpos.experiments.run --parallel=N` starts for each run (`relpos.experiments.runner`).
 
   python -m relpos.experiments.run_one --table=ablation --row=rel_kv --seed=0 --task=synthetic \
-      --workdir=runs/ablation/runs/ablation-rel_kv-seed0 --set=train.num_steps=100
+      --workdir=runs/ablation/runs/synthetic-ablation-rel_kv-seed0 --set=train.num_steps=100
 
 On SIGTERM it saves a checkpoint and exits with status 0 without a result; on Linux it gets
 SIGTERM when its parent exits, so a table killed outright does not leave its runs training.

@@ -2,9 +2,9 @@
 
 Layout of `output_dir`:
 
-  runs/<table>-<row>-seed<seed>/          the run's workdir (config.json, checkpoints, metrics)
-  runs/<table>-<row>-seed<seed>/result.json   written last: its presence marks the run finished
-  runs/<table>-<row>-seed<seed>/run.log   the stdout and stderr of its process (--parallel > 1)
+  runs/<task>-<table>-<row>-seed<seed>/   the run's workdir (config.json, checkpoints, metrics)
+  runs/<task>-<table>-<row>-seed<seed>/result.json   written last: marks the run finished
+  runs/<task>-<table>-<row>-seed<seed>/run.log   its process's stdout and stderr (--parallel > 1)
   results.json   every finished run (rebuilt from the result.json files after each run)
   table.md       made from results.json alone (`relpos.experiments.report`)
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
@@ -242,12 +242,13 @@ class Run:
     return os.path.join(self.workdir, RESULT_FILE)
 
 
-def table_runs(table: str, rows: Sequence[str], seeds: Sequence[int],
+def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
                output_dir: str) -> list[Run]:
-  """Every (row, seed) of a table, row by row, with its workdir under `output_dir/runs`."""
+  """Every (row, seed) of a table on `task`, row by row, with its workdir under
+  `output_dir/runs` (named after the task too, so tables of two tasks never share a run)."""
   runs_dir = os.path.join(os.path.abspath(output_dir), "runs")
   return [Run(table, row, seed,
-              os.path.join(runs_dir, f"{table}-{row.replace('=', '')}-seed{seed}"))
+              os.path.join(runs_dir, f"{task}-{table}-{row.replace('=', '')}-seed{seed}"))
           for row in rows for seed in seeds]
 
 
@@ -534,7 +535,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   for row in rows:  # every config valid before any work
     config_validation.validate(run_config(row, seeds[0], task, overrides))
   pending = []
-  for run in table_runs(table, rows, seeds, output_dir):
+  for run in table_runs(table, task, rows, seeds, output_dir):
     if os.path.exists(run.result):
       print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
     else:
