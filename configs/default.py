@@ -82,4 +82,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The checkpoint the tables score: best (by validation BLEU) | latest | average:<N> (the
   # parameters of the last N saved checkpoints averaged; keep train.keep_checkpoints >= N).
   decode.checkpoint = "best"
+  # Other checkpoint choices a table scores beside decode.checkpoint, comma-separated (e.g.
+  # "average:10,latest"); "" for none.
+  decode.other_checkpoints = ""
   return config

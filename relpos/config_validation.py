@@ -75,7 +75,45 @@ FIELDS: dict[str, Field] = {
     "decode.checkpoint": Field("best", fields.Rule(
         "'best', 'latest' or 'average:<N>' with N >= 2",
         lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v)))),
+    "decode.other_checkpoints": Field("", fields.Rule(
+        "'' or a comma-separated list of 'best', 'latest' and 'average:<N>' (N >= 2)",
+        lambda v: isinstance(v, str) and all(
+            CHECKPOINT_CHOICE.fullmatch(c) for c in v.split(",")) if v else v == "")),
 }
+
+# Fields that change neither what a run trains nor what it reports under decode.checkpoint:
+# where data is read from, how often a run logs and checkpoints, how many checkpoints it keeps,
+# and which other checkpoints it scores besides. A finished run is reused for a request that
+# differs from it only here.
+RESULT_NEUTRAL_FIELDS = ("task.tfds_data_dir", "task.manual_dir", "task.download_url",
+                         "train.log_every_steps", "train.checkpoint_every_steps",
+                         "train.keep_checkpoints", "decode.other_checkpoints")
+
+
+def other_checkpoints(config: ml_collections.ConfigDict) -> list[str]:
+  """The checkpoint choices of `decode.other_checkpoints`, in order (empty when none)."""
+  return [c for c in config.decode.other_checkpoints.split(",") if c]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A nested dict as {"dotted.path": leaf value}."""
+  flat = {}
+  for name, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f"{prefix}{name}."))
+    else:
+      flat[f"{prefix}{name}"] = value
+  return flat
+
+
+def result_differences(before: ml_collections.ConfigDict, after: ml_collections.ConfigDict
+                       ) -> list[tuple[str, Any, Any]]:
+  """(field, value before, value after) of every field outside RESULT_NEUTRAL_FIELDS that
+  differs between two validated configs, in field order (lists and tuples compare alike)."""
+  old, new = flatten(before.to_dict()), flatten(after.to_dict())
+  plain = lambda v: list(v) if isinstance(v, tuple) else v
+  return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+          if k not in RESULT_NEUTRAL_FIELDS and plain(old.get(k)) != plain(new.get(k))]
 
 # Sections whose every field is in FIELDS (other `task.*` fields belong to the data code).
 _CLOSED_SECTIONS = ("train", "decode")

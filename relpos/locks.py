@@ -1,6 +1,7 @@
-"""One training run per workdir: a lock held for the life of the run.
+"""One process per folder: a lock held for the life of a training run (`<workdir>/train.lock`),
+of a table's run (`run.lock`, waited for) or of a whole table (`<output_dir>/table.lock`).
 
-The lock is `fcntl.flock` on `<workdir>/train.lock`. The operating system releases it when the
+The lock is `fcntl.flock` on the file. The operating system releases it when the
 holding process ends, however it ends (SIGKILL, a crash), so a lock file left by a dead run
 never blocks a restart; the file only records who held it last (pid, host, start time) for the
 message a second run gets. On several processes only process 0 takes the lock (on its host;
@@ -17,10 +18,10 @@ from collections.abc import Iterator
 
 import jax
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 from relpos import runtime
-
 
 
 class WorkdirInUseError(RuntimeError):
@@ -45,22 +46,37 @@ def _try_lock(path: str):
 
 
 @contextlib.contextmanager
-def hold(workdir: str) -> Iterator[None]:
-  """Holds the lock of `workdir` (an existing folder) for the duration of the block.
+def hold(folder: str, *, lock_file: str = runtime.LOCK_FILE, wait: bool = False,
+         what: str = "workdir",
+         busy: str = "wait for that run to end (or stop it) before resuming, or pass another "
+                     "--workdir") -> Iterator[None]:
+  """Holds the lock `folder/lock_file` (in an existing folder) for the duration of the block.
+
+  Args:
+    folder: a run's workdir, or a table's output folder.
+    lock_file: the lock's file name in `folder` (`runtime.LOCK_FILE` for training).
+    wait: wait while another process holds it (logging who), instead of raising.
+    what: what `folder` is, for the error ("workdir", "output folder").
+    busy: what the error tells the user to do when the lock is held.
 
   Raises:
-    WorkdirInUseError: naming the workdir and the process holding it.
+    WorkdirInUseError: (not `wait`) naming the folder, the process holding it and `busy`.
   """
+  path = os.path.join(folder, lock_file)
   handle, holder = None, None
   if jax.process_index() == 0:
-    handle, holder = _try_lock(os.path.join(workdir, runtime.LOCK_FILE))
-  busy = holder is not None
+    handle, holder = _try_lock(path)
+    if holder is not None and wait:
+      logging.warning("Waiting for %s, which holds %s, to end.", holder, path)
+      handle = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+      fcntl.flock(handle, fcntl.LOCK_EX)
+      holder = None
+  taken = holder is None
   if jax.process_count() > 1:
-    busy = bool(multihost_utils.broadcast_one_to_all(np.int32(busy)))
-  if busy:
+    taken = not multihost_utils.broadcast_one_to_all(np.int32(not taken))
+  if not taken:
     raise WorkdirInUseError(
-        f"workdir {workdir} is in use by {holder or 'the process 0 of another run'}: wait for "
-        "that run to end (or stop it) before resuming, or pass another --workdir.")
+        f"{what} {folder} is in use by {holder or 'the process 0 of another run'}: {busy}.")
   try:
     yield
   finally:

@@ -1,4 +1,5 @@
-"""Metrics of a run: `metrics.jsonl` (one JSON object a line) and TensorBoard events.
+"""A run's records: `metrics.jsonl` (one JSON object a line), TensorBoard events, and
+`starts.jsonl` (one line per start of the run: when, from which step, under which commit).
 
 Only process 0 writes. On resume from step s, lines past s (written after the checkpoint the
 run restarts from) are dropped and TensorBoard purges events past s, so a restarted run's
@@ -7,6 +8,8 @@ files read like an uninterrupted run's.
 import json
 import math
 import os
+import socket
+import time
 from typing import Any
 
 import jax
@@ -14,9 +17,11 @@ import tensorboardX
 
 from relpos import runtime
 
-# The fields of a record that are timings (train steps per second, a validation's seconds):
-# every other field is the same in two executions of the same run, resumed or not.
-TIMING_FIELDS = ("steps_per_second", "time_s")
+# The fields of a record that are timings (train steps per second, a validation's seconds, the
+# run's seconds so far): every other field is the same in two executions of the same run,
+# resumed or not.
+TIMING_FIELDS = ("steps_per_second", "time_s", "elapsed_s")
+STARTS_FILE = "starts.jsonl"
 
 
 def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -27,6 +32,48 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
   """Returns the records of `workdir/metrics.jsonl` (empty when there is none)."""
   path = os.path.join(workdir, runtime.METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def elapsed_seconds(records: list[dict[str, Any]]) -> float:
+  """Seconds the run took to make `records` (training, its validations, checkpoints and
+  compilation), summed over every start of the run.
+
+  A train record's `elapsed_s` is that sum at its writing; a validation record's `time_s` comes
+  after it (its step's train record is written first). Records written before `elapsed_s`
+  existed add their interval's steps over its steps per second instead: an estimate that leaves
+  out compilation.
+  """
+  total, previous_step = 0.0, 0
+  for record in records:
+    if record["split"] == "train":
+      if record.get("elapsed_s") is not None:
+        total = record["elapsed_s"]
+      elif record.get("steps_per_second"):
+        total += (record["step"] - previous_step) / record["steps_per_second"]
+      previous_step = record["step"]
+    elif record.get("time_s") is not None:
+      total += record["time_s"]
+  return total
+
+
+def record_start(workdir: str, step: int, commit: str) -> None:
+  """Appends a start of the run (UTC time, the step it starts from, the source commit and the
+  host) to `workdir/starts.jsonl` (process 0)."""
+  if jax.process_index() != 0:
+    return
+  record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
+            "commit": commit, "host": socket.gethostname()}
+  with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def read_starts(workdir: str) -> list[dict[str, Any]]:
+  """The records of `workdir/starts.jsonl`, oldest first (empty when there is none)."""
+  path = os.path.join(workdir, STARTS_FILE)
   if not os.path.exists(path):
     return []
   with open(path, encoding="utf-8") as f:

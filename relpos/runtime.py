@@ -7,6 +7,7 @@ A workdir holds:
   imports.json          the modules the run imported with --import (their variants), if any
   train.lock            held by the training process (relpos.locks)
   metrics.jsonl         train and validation records; tensorboard/ the same as events
+  starts.jsonl          one line per start of the run: time, step, source commit, host
   checkpoints/<step>/   Orbax checkpoints (relpos.checkpoints); damaged_checkpoints/ the ones
                         training set aside
   eval/                 eval.py's translations and scores
@@ -16,6 +17,7 @@ import importlib
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -43,6 +45,24 @@ _IMPORTED: list[str] = []  # what `import_modules` imported in this process, in 
 # a user: Gloo's on connecting the processes of a CPU run ("[Gloo] Rank 0 is connected to 1
 # peer ranks. ...", several per process, mixed into the progress bar and the JSON result).
 NOISE_LINE_PREFIXES = (b"[Gloo] Rank ",)
+
+
+# The source tree relpos runs from (where `relpos` and `configs` are imported from).
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def source_commit() -> str:
+  """The source tree's short commit, with `-dirty` when it has uncommitted changes to tracked
+  files; "unknown" outside a git checkout."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=SOURCE_ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=SOURCE_ROOT, check=True, capture_output=True,
+                           text=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+  return head + ("-dirty" if dirty else "")
 
 
 def initialize_distributed(multihost: str) -> None:

@@ -413,17 +413,6 @@ def check_divisible(config: ml_collections.ConfigDict) -> None:
                      f"times the number of devices ({jax.device_count()}).")
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  """{"a": {"b": 1}} -> {"a.b": 1}."""
-  flat = {}
-  for name, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{name}."))
-    else:
-      flat[f"{prefix}{name}"] = value
-  return flat
-
-
 # The fields that make the tokenizer (and the data): a run resumes only with the values its
 # checkpoints were trained with.
 RESUME_FIXED_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
@@ -442,8 +431,8 @@ def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
   path = os.path.join(workdir, runtime.CONFIG_FILE)
   if not os.path.exists(path):
     return
-  before = _flatten(evaluate.read_config_json(path).to_dict())
-  after = _flatten(config.to_dict())
+  before = config_validation.flatten(evaluate.read_config_json(path).to_dict())
+  after = config_validation.flatten(config.to_dict())
   changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
   fixed = [k for k in changed if k in RESUME_FIXED_FIELDS]
   if resuming and fixed:
@@ -600,6 +589,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       `train.nonfinite='raise'`; with 'skip', more than `train.max_skipped_fraction` of the
       steps skipped.
   """
+  started = time.perf_counter()
   model_config = config_validation.validate(config)
   check_divisible(config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -617,7 +607,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       state = _initial_state(config, steps, manager, train_iterator)
       write_config(config, workdir)
       runtime.write_imports(workdir)
-      return _train_loop(config, workdir, task, steps, state, manager, train_iterator)
+      metrics_writer.record_start(workdir, int(state["step"]), runtime.source_commit())
+      return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
     finally:
       manager.close()
 
@@ -669,18 +660,23 @@ def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
   return last
 
 
-def _train_summary(recorder: _Recorder, state: TrainState,
-                   schedule: optax.Schedule) -> dict[str, float]:
-  """Means since the last summary, skipped updates so far and the next update's rate."""
+def _train_summary(recorder: _Recorder, state: TrainState, schedule: optax.Schedule,
+                   elapsed_s: float) -> dict[str, float]:
+  """Means since the last summary, skipped updates so far, the next update's rate and the
+  run's seconds so far (`metrics_writer.elapsed_seconds`)."""
   num_skipped = int(state["num_skipped"])
   return {**recorder.summary(), "skipped_updates": num_skipped,
-          "learning_rate": float(schedule(int(state["step"]) - num_skipped))}
+          "learning_rate": float(schedule(int(state["step"]) - num_skipped)),
+          "elapsed_s": elapsed_s}
 
 
 def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.Task,
                 steps: Steps, state: TrainState, manager: ocp.CheckpointManager,
-                train_iterator: grain.DatasetIterator) -> dict[str, Any]:
+                train_iterator: grain.DatasetIterator, started: float) -> dict[str, Any]:
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
+
+  `started` (time.perf_counter) is when this start of the run began: train records count the
+  run's seconds from it, on top of those its earlier starts took to reach `state["step"]`.
 
   Train metrics are logged every `log_every_steps` and at every checkpoint, so a run resumed
   from a checkpoint averages over the same intervals as an uninterrupted one. With
@@ -692,6 +688,8 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
   schedule = learning_rate_schedule(train_config)
   last_records = _last_records(workdir)
   validation_history = _validation_history(workdir, first)
+  earlier_s = metrics_writer.elapsed_seconds(
+      [r for r in metrics_writer.read_metrics(workdir) if r["step"] <= first])
   result = {"step": first, "preempted": False, "early_stopped": False,
             "train": last_records.get("train", {}),
             "validation": last_records.get(VALIDATION_SPLIT, {}), "validation_time_s": 0.0}
@@ -708,7 +706,8 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
       save_now = (evaluate_now or preempted
                   or _is_multiple(step, train_config.checkpoint_every_steps, last))
       if save_now or step % train_config.log_every_steps == 0:
-        result["train"] = _train_summary(recorder, state, schedule)
+        result["train"] = _train_summary(recorder, state, schedule,
+                                         earlier_s + time.perf_counter() - started)
         writer.write(step, "train", result["train"])
       eval_metrics = None
       if evaluate_now:

@@ -43,11 +43,12 @@ MISTAKES = [
     ("config.json with __reduce__", {"run/config.json": '{"__reduce__": "os.system"}'},
      ["eval.py", "--workdir={tmp}/run", "--split=test"],
      "error: {tmp}/run/config.json does not hold a config: '__reduce__ cannot be overridden.'"),
-    ("truncated result.json", {"out/runs/synthetic-ablation-abs-seed0/result.json": '{"table": "abl'},
+    ("truncated result.json",
+     {"out/runs/synthetic-ablation-abs-seed0/result.json": '{"table": "abl'},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows=abs"],
-     "error: {tmp}/out/runs/synthetic-ablation-abs-seed0/result.json is not valid JSON (Unterminated "
-     "string starting at: line 1 column 11 (char 10)): delete it to run that run's evaluation "
-     "again."),
+     "error: {tmp}/out/runs/synthetic-ablation-abs-seed0/result.json is not valid JSON "
+     "(Unterminated string starting at: line 1 column 11 (char 10)): delete it to evaluate that "
+     "run again."),
 ]
 
 

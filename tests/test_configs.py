@@ -36,7 +36,7 @@ INVALID = {
     "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
     "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
     "decode.checkpoint": "average:1", "decode.alpha": -0.5, "decode.max_decode_len": -1,
-    "decode.validation_bleu": "yes",
+    "decode.validation_bleu": "yes", "decode.other_checkpoints": "best,average:x",
 }
 
 

@@ -7,7 +7,9 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -52,6 +54,7 @@ def _tiny_overrides(data_dir: str) -> dict[str, object]:
       "train.num_steps": 4, "train.batch_size": 8, "train.eval_batch_size": 8,
       "train.log_every_steps": 2, "train.eval_every_steps": 4,
       "train.checkpoint_every_steps": 4, "train.warmup_steps": 2,
+      "decode.other_checkpoints": "latest",
   }
 
 
@@ -95,7 +98,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
       datetime.timedelta(hours=1))
   environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
                  "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
-  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 3
+  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 4
   assert {k: results[k] for k in environment} == environment
   for run in runs:
     assert {k: run["environment"][k] for k in environment} == environment
@@ -112,6 +115,12 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert min(run["time_s"].values()) > 0
     assert sum(run["time_s"].values()) == pytest.approx(run["wall_time_s"])
     assert run["config"]["seed"] == 0 and run["config"]["train"]["num_steps"] == 4
+    assert [s["step"] for s in run["starts"]] == [0]
+    assert run["commits"] == [run["starts"][0]["commit"]] == [run["commit"]]
+    assert run["commit"] == runner.runtime.source_commit()
+    latest = run["other_checkpoints"]["latest"]
+    assert set(latest) == {"validation", "test", "test_long"}
+    assert latest["test"]["step"] == 4 and latest["test"]["num_sentences"] == 8
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
@@ -126,6 +135,8 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert "qak_by_offset" not in runs[0]["position_statistics"]
   table = open(os.path.join(output_dir, "table.md")).read()
   assert "| abs | 1 |" in table and "| rel_kv | 1 |" in table
+  assert "| test BLEU (latest) |" in table and "| test chrF |" in table
+  assert "Checkpoint scored: best ('best' by validation BLEU); beside it latest" in table
   assert outputs["table"] == table
   names = sorted(os.path.basename(p) for p in outputs["plots"])
   assert names == ["attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png",
@@ -179,7 +190,8 @@ def _results(output_dir: str) -> list[dict]:
   """The runs of results.json without what differs between two executions of the same run."""
   with open(os.path.join(output_dir, "results.json")) as f:
     runs = json.load(f)["runs"]
-  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "workdir", "environment")
+  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "commits", "starts",
+             "workdir", "environment")
   return [{k: v for k, v in run.items() if k not in varying} for run in runs]
 
 
@@ -289,3 +301,167 @@ def test_a_finished_run_line_gives_the_table_eta(capsys):
   runner._print_finished(result, 5, 5, time.monotonic() - 600)
   assert capsys.readouterr().out.strip().endswith("(test BLEU 97.2, 120 s)")
   assert [runner._duration(s) for s in (40, 720, 3720)] == ["40 s", "12 min", "1 h 02 min"]
+
+
+def _copy_table(finished_table, tmp_path) -> tuple[str, dict[str, object]]:
+  """A copy of the finished table's output folder (to change without touching the fixture),
+  and its overrides."""
+  root, output_dir, _ = finished_table
+  copy = str(tmp_path / "out")
+  shutil.copytree(output_dir, copy)
+  return copy, _tiny_overrides(str(root / "tfds"))
+
+
+def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work(
+    finished_table, tmp_path, monkeypatch):
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  monkeypatch.setattr(runner.train, "train_and_evaluate", _must_not_train)
+  result = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")
+  with pytest.raises(ValueError, match=re.escape(
+      f"{result} was made with train.num_steps=4, not the 5 asked: pass --retrain_changed")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                     rows=["abs"], overrides={**overrides, "train.num_steps": 5})
+  # Fields that change no result (where data is, how often to log and save) reuse the run.
+  runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                   rows=["abs"], overrides={**overrides, "train.log_every_steps": 1,
+                                            "train.keep_checkpoints": 3})
+
+
+def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_table, tmp_path):
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs"], overrides={**overrides, "train.num_steps": 5},
+                             retrain_changed=True)
+  runs_dir = os.path.join(output_dir, "runs")
+  aside = [n for n in os.listdir(runs_dir) if n.startswith("synthetic-ablation-abs-seed0.")]
+  assert len(aside) == 1 and re.fullmatch(r".*\.replaced-\d{8}T\d{6}Z", aside[0])
+  with open(os.path.join(runs_dir, aside[0], "result.json")) as f:
+    assert json.load(f)["config"]["train"]["num_steps"] == 4  # kept, not lost
+  runs = {r["row"]: r for r in json.load(open(outputs["results"]))["runs"]}
+  assert runs["abs"]["config"]["train"]["num_steps"] == 5
+  assert runs["abs"]["validation_curve"][-1][0] == 5
+
+
+def test_an_output_folder_holds_one_task_and_one_table_at_a_time(finished_table, tmp_path):
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  with pytest.raises(ValueError, match=re.escape(
+      f"{output_dir} holds runs of task 'synthetic' (")):
+    runner.run_table("ablation", task="tiny", seeds=[0], output_dir=output_dir, rows=["abs"],
+                     overrides=overrides)
+  with runner.locks.hold(output_dir, lock_file=runner.TABLE_LOCK_FILE):
+    with pytest.raises(runner.locks.WorkdirInUseError, match=re.escape(
+        f"output folder {output_dir} is in use by process {os.getpid()} on host ")):
+      runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                       rows=["abs"], overrides=overrides)
+
+
+def _must_not_train(*args, **kwargs):
+  raise AssertionError("a finished run was trained or evaluated again")
+
+
+def test_a_run_finished_while_waiting_for_its_lock_is_not_evaluated_again(
+    finished_table, tmp_path, monkeypatch):
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
+  saved = open(os.path.join(workdir, "result.json")).read()
+  monkeypatch.setattr(runner.train, "train_and_evaluate", _must_not_train)
+  monkeypatch.setattr(runner, "evaluate_run", _must_not_train)
+  result = runner.run_one("ablation", "abs", 0, "synthetic", workdir, overrides)
+  assert result == json.loads(saved)
+  assert open(os.path.join(workdir, "result.json")).read() == saved
+
+
+def test_sigterm_during_the_final_evaluation_stops_the_table_with_its_training_saved(
+    finished_table, tmp_path, monkeypatch, capsys):
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
+  os.remove(os.path.join(workdir, "result.json"))
+
+  def stopped_midway(workdir):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # the handler raises first
+    raise AssertionError("SIGTERM did not stop the evaluation")
+
+  monkeypatch.setattr(runner, "evaluate_run", stopped_midway)
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs"], overrides=overrides)
+  assert outputs["preempted"] and not os.path.exists(os.path.join(workdir, "result.json"))
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is restored
+
+
+def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
+  """A finished 4-step run resumed to step 6: its result's times cover both starts, and both
+  starts are recorded."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
+  first_start_s = metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir))
+  os.remove(os.path.join(workdir, "result.json"))
+  result = runner.run_one("ablation", "abs", 0, "synthetic", workdir,
+                          {**overrides, "train.num_steps": 6})
+  assert [s["step"] for s in result["starts"]] == [0, 4]
+  assert result["commits"] == [runner.runtime.source_commit()]
+  last_train = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"][-1]
+  assert last_train["step"] == 6 and last_train["elapsed_s"] > first_start_s > 0
+  validation_s = sum(r["time_s"] for r in metrics_writer.read_metrics(workdir)
+                     if r["split"] == "validation")
+  assert result["time_s"]["validation"] == pytest.approx(validation_s)
+  assert result["time_s"]["training"] + result["time_s"]["validation"] == pytest.approx(
+      metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir)))
+  assert result["wall_time_s"] == pytest.approx(sum(result["time_s"].values()))
+
+
+def test_order_seeds_runs_every_row_of_a_seed_first(tmp_path):
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0, 1], str(tmp_path),
+                           order="seeds")
+  assert [(r.row, r.seed) for r in runs] == [("abs", 0), ("rel_kv", 0), ("abs", 1),
+                                             ("rel_kv", 1)]
+  assert runs[0].workdir == os.path.join(str(tmp_path), "runs", "synthetic-ablation-abs-seed0")
+  with pytest.raises(ValueError, match="order='random': allowed: rows, seeds"):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
+                     order="random")
+
+
+@pytest.mark.parametrize("content,reason", [
+    ("[]", "no 'table'"), ("{}", "no 'table'"),
+    ('{"table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "config": {}, '
+     '"workdir": "w"}', "no 'scores'")])
+def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(tmp_path, content,
+                                                                        reason, caplog):
+  path = tmp_path / "runs" / "synthetic-ablation-abs-seed0" / "result.json"
+  path.parent.mkdir(parents=True)
+  path.write_text(content)
+  assert runner.collect(str(tmp_path)) == []
+  assert f"{path} is not a run's result ({reason}): delete it" in caplog.text
+  with pytest.raises(ValueError, match=re.escape(f"{path} is not a run's result ({reason})")):
+    runner.read_result(str(path))
+
+
+PARENT_OF_A_CHILD = """
+import sys, time
+from relpos.experiments import runner
+run = runner.Run("ablation", "abs", 0, sys.argv[1])
+child = runner._start_child(run, [sys.executable, "-c", "import time; time.sleep(60)"], {})
+print("child", child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_child_dies_with_its_table_killed_outright(tmp_path):
+  parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_CHILD, str(tmp_path / "w")],
+                            cwd=runner.ROOT, stdout=subprocess.PIPE, text=True)
+  child = int(next(line for line in parent.stdout if line.startswith("child ")).split()[1])
+  parent.kill()
+  parent.wait()
+  deadline = time.monotonic() + 10
+  while time.monotonic() < deadline and _alive(child):
+    time.sleep(0.1)
+  assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` is a live (not zombie) process."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(") ")[1][0] != "Z"
+  except FileNotFoundError:
+    return False

@@ -16,7 +16,11 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      wall_time_s went, see `relpos.experiments.runner.run_one`),
      "steps_per_second": ..., "num_params": ...,
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
+     "starts": [{"started_at", "step", "commit", "host"}, ...], "commits": [...] (schema 4:
+     every start of the run and the commits it ran under, oldest first),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
+     "other_checkpoints": {"average:10": {split: {...}}, ...} (schema 4: the scores of
+     `decode.other_checkpoints` beside `decode.checkpoint`'s),
      "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
      "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...}}
 """
@@ -40,8 +44,9 @@ MIN_SEEDS = 3
 
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
-# run's validation_curve; 3: + each run's time_s.
-RESULTS_SCHEMA_VERSION = 3
+# run's validation_curve; 3: + each run's time_s; 4: + each run's starts, commits and
+# other_checkpoints, and time_s summed over every start of a run.
+RESULTS_SCHEMA_VERSION = 4
 
 
 def load_runs(results_path: str) -> list[dict]:
@@ -255,10 +260,14 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   table_runs = [r for r in runs if r["table"] == table]
   splits = splits_in_order(table_runs)
   test_split = main_test_split(table_runs)
-  # Lower-cased BLEU only where every run has it (runs from before it was recorded lack it).
-  lowercase = all("bleu_lowercase" in r["scores"].get(test_split, {}) for r in table_runs)
+  # Lower-cased BLEU and chrF only where every run has them (older runs lack the first).
+  beside = [(name, label) for name, label in (("bleu_lowercase", "BLEU (lower-cased)"),
+                                              ("chrf", "chrF"))
+            if all(name in r["scores"].get(test_split, {}) for r in table_runs)]
+  others = other_checkpoints(table_runs)
   header = (["row", "seeds"] + [f"{s} BLEU" for s in splits]
-            + ([f"{test_split} BLEU (lower-cased)"] if lowercase else [])
+            + [f"{test_split} {label}" for _, label in beside]
+            + [f"{test_split} BLEU ({choice})" for choice in others]
             + ["paper", "params", "steps/s"])
   lines = [f"## {table}", "", "| " + " | ".join(header) + " |",
            "|" + " --- |" * len(header)]
@@ -274,9 +283,10 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     params = _field(runs, table, row, "num_params")
     speed = _field(runs, table, row, "steps_per_second")
     cells = [row, str(seeds)] + [_format(_scores(runs, table, row, s)) for s in splits]
-    if lowercase:
-      cells.append(_format([r["scores"][test_split]["bleu_lowercase"] for r in table_runs
-                            if r["row"] == row]))
+    row_runs = [r for r in table_runs if r["row"] == row]
+    cells += [_format([r["scores"][test_split][name] for r in row_runs]) for name, _ in beside]
+    cells += [_format([r["other_checkpoints"][choice][test_split]["bleu"] for r in row_runs
+                       if choice in r.get("other_checkpoints", {})]) for choice in others]
     cells += [paper_cell, f"{params[0]:,}" if params else "–",
               f"{mean_std(speed)[0]:.2f}" if speed else "–"]
     lines.append("| " + " | ".join(cells) + " |")
@@ -300,6 +310,17 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   return lines
 
 
+def other_checkpoints(runs: list[dict]) -> list[str]:
+  """The checkpoint choices scored beside the main one (`decode.other_checkpoints`) in any of
+  `runs`, in order of first appearance."""
+  choices = []
+  for run in runs:
+    for choice in run.get("other_checkpoints", {}):
+      if choice not in choices:
+        choices.append(choice)
+  return choices
+
+
 def _time_lines(runs: list[dict]) -> list[str]:
   """Where a run's wall time went, averaged over the runs that record it (schema 3); no line
   when none does."""
@@ -318,7 +339,7 @@ def _time_lines(runs: list[dict]) -> list[str]:
 def render_table(runs: list[dict]) -> str:
   """The markdown of `table.md` for the given runs."""
   tasks = sorted({r["task"] for r in runs})
-  commits = sorted({r["commit"] for r in runs})
+  commits = list(dict.fromkeys(c for r in runs for c in r.get("commits", [r["commit"]])))
   lines = [f"# relpos results: {', '.join(tasks)}", "",
            f"Made from results.json ({len(runs)} runs; commits {', '.join(commits)}). "
            "BLEU is cased sacreBLEU (mean ± sample std over seeds); the paper's figures are "
@@ -327,6 +348,11 @@ def render_table(runs: list[dict]) -> str:
                        if "signature" in scores})
   if signatures:
     lines += [f"sacreBLEU signature: `{', '.join(signatures)}`.", ""]
+  scored = sorted({r["config"].get("decode", {}).get("checkpoint", "best") for r in runs})
+  others = other_checkpoints(runs)
+  lines += [f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)"
+            + (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
+               "checkpoints averaged)" if others else "") + ".", ""]
   for table in ("ablation", "k_sweep"):
     lines += _table_section(runs, table)
   lines += ["## The paper's findings, here", "",

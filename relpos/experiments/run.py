@@ -15,8 +15,16 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
   python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 --parallel=4 \
       --output_dir=runs/k_sweep_synthetic
 
-Rerunning the same command skips finished runs and resumes an interrupted one. The exit status
-is 1 when a run failed (its log is named).
+Rerunning the same command skips finished runs and resumes an interrupted one; a finished run
+made with another config stops it before any work (or, with --retrain_changed, is trained
+again). A second table on the same --output_dir is refused. The exit status is 1 when a run
+failed (its log is named).
+
+A long table on a shared machine (hours per run): start it detached and at low priority, with
+its output folder outside the source tree; rerun the same command after any stop:
+  setsid nice -n 19 python -m relpos.experiments.run --table=ablation --task=multi30k_gpu \
+      --rows=rel_kv,abs,none --seeds=3 --order=seeds --set=model.dtype=float32 \
+      --output_dir=$HOME/relpos-runs/multi30k >> $HOME/relpos-runs/multi30k.log 2>&1 &
 """
 
 import sys
@@ -43,6 +51,15 @@ _CONFIG = cli.define_overrides_flag(
     "takes them.")
 _SET = flags.DEFINE_multi_string(
     "set", [], "Alias of --config.<field>=<value>: `--set=dotted.field=value` (Python literal).")
+_ORDER = flags.DEFINE_enum(
+    "order", "rows", list(runner.ORDERS), "The order of the runs: 'rows' (each row's seeds one "
+    "after another) or 'seeds' (every row with seed 0, then every row with seed 1, ...: a whole "
+    "table of one seed first).")
+_RETRAIN_CHANGED = flags.DEFINE_bool(
+    "retrain_changed", False, "Train again the finished runs whose saved config differs from "
+    "this command's in a field that changes a result (their folders are renamed to "
+    "<name>.replaced-<time>, never deleted); without it such a run stops the table before any "
+    "work.")
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
@@ -74,7 +91,8 @@ def main(argv: Sequence[str]) -> None:
   try:
     outputs = cli.run(argv, lambda: runner.run_table(
         _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
-        rows=_ROWS.value, overrides=overrides(), parallel=_PARALLEL.value))
+        rows=_ROWS.value, overrides=overrides(), parallel=_PARALLEL.value,
+        order=_ORDER.value, retrain_changed=_RETRAIN_CHANGED.value))
   except KeyboardInterrupt:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])

@@ -4,13 +4,11 @@ r"""Trains and evaluates one (row, seed) of a table in its workdir: the child pr
   python -m relpos.experiments.run_one --table=ablation --row=rel_kv --seed=0 --task=synthetic \
       --workdir=runs/ablation/runs/synthetic-ablation-rel_kv-seed0 --set=train.num_steps=100
 
-On SIGTERM it saves a checkpoint and exits with status 0 without a result; on Linux it gets
-SIGTERM when its parent exits, so a table killed outright does not leave its runs training.
+On SIGTERM it saves a checkpoint and exits with status 0 without a result; on Linux the table
+that starts it has the kernel send it SIGTERM when the table exits (`runner._start_child`), so
+a table killed outright does not leave its runs training.
 """
 
-import ctypes
-import signal
-import sys
 from collections.abc import Sequence
 
 from absl import app
@@ -27,17 +25,9 @@ _TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "The run's ta
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
 _SET = flags.DEFINE_multi_string(
     "set", [], "Config override, `dotted.field=value` (Python literal).")
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-
-
-def exit_with_parent() -> None:
-  """On Linux, asks the kernel to send this process SIGTERM when its parent exits."""
-  if sys.platform.startswith("linux"):
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def main(argv: Sequence[str]) -> None:
-  exit_with_parent()
   cli.run(argv, lambda: runner.run_one(
       _TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
       dict(runner.parse_override(s) for s in _SET.value)))

@@ -2,6 +2,7 @@
 
 Layout of `output_dir`:
 
+  table.lock     held by the table's process: a second table on the same folder is refused
   runs/<task>-<table>-<row>-seed<seed>/   the run's workdir (config.json, checkpoints, metrics)
   runs/<task>-<table>-<row>-seed<seed>/result.json   written last: marks the run finished
   runs/<task>-<table>-<row>-seed<seed>/run.log   its process's stdout and stderr (--parallel > 1)
@@ -9,9 +10,13 @@ Layout of `output_dir`:
   table.md       made from results.json alone (`relpos.experiments.report`)
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
 
-A run whose `result.json` exists is skipped, so an interrupted sweep resumes where it stopped
-(and a run killed mid-training resumes from its own latest checkpoint). Every file is written
-to a temporary name and renamed, so a kill at any point loses only the work in flight.
+A finished run (its `result.json` exists) is skipped when its config equals the request in
+every field that changes a result (`config_validation.result_differences`); otherwise the table
+stops before any work, naming the field, unless `retrain_changed` moves the run aside to train
+it again. An interrupted table resumes where it stopped: a run killed mid-training resumes from
+its own latest checkpoint, and its result records every start and commit it ran under and the
+seconds of all of them. Every file is written to a temporary name and renamed, so a kill at any
+point loses only the work in flight.
 
 With `parallel` = 1 the runs train one after another in this process. With `parallel` = N > 1
 each run is a child process (`python -m relpos.experiments.run_one`), up to N at a time, each
@@ -19,13 +24,11 @@ given 0.9 / N of the accelerator's memory; the data and tokenizer are prepared h
 the children only read them. SIGINT or SIGTERM stops the children (they save a checkpoint) and
 returns; a second one kills them.
 """
-
 import ast
-import contextlib
+import ctypes
+import json
 import dataclasses
 import datetime
-import fcntl
-import json
 import math
 import os
 import shlex
@@ -34,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -48,6 +51,7 @@ from absl import logging
 from configs import ablation
 from relpos import config_validation
 from relpos import evaluate
+from relpos import locks
 from relpos import metrics_writer
 from relpos import runtime
 from relpos import train
@@ -77,25 +81,19 @@ EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flick
 NUM_LENGTH_BUCKETS = 4
 ANALYSIS_SENTENCES = 128
 # The source tree's root (where `relpos` and `configs` are imported from).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = runtime.SOURCE_ROOT
 RESULT_FILE = "result.json"
 LOG_FILE = "run.log"
 LOCK_FILE = "run.lock"
+TABLE_LOCK_FILE = "table.lock"
+# A run trained again with --retrain_changed is first renamed <workdir><REPLACED_MARK><time>.
+REPLACED_MARK = ".replaced-"
+# The orders a table's runs can go in: each row's seeds one after another, or each seed's pass
+# over the rows before the next seed (a whole table of one seed early).
+ORDERS = ("rows", "seeds")
 # The share of the accelerator's memory the children of `run_table(parallel=N)` split evenly.
 MEMORY_FRACTION = 0.9
 POLL_SECONDS = 0.5
-
-
-def commit() -> str:
-  """The source tree's short commit, with `-dirty` when it has uncommitted changes."""
-  try:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-  return head + ("-dirty" if dirty else "")
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -192,19 +190,17 @@ def validation_curve(workdir: str) -> list[list[float]]:
   return [[step, by_step[step]] for step in sorted(by_step)]
 
 
-def evaluate_run(workdir: str) -> tuple[dict, dict, dict, int]:
-  """Scores a run's `decode.checkpoint` (the best by validation BLEU unless set to 'latest' or
-  'average:N') on every evaluation split of its task.
+def score_checkpoint(workdir: str, config: ml_collections.ConfigDict, task: pipeline.Task,
+                     checkpoint: str, mesh: jax.sharding.Mesh
+                     ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict]]:
+  """Scores one checkpoint choice of a run ("best", "latest", "average:N") on the validation
+  split and every evaluation split of its task.
 
   Returns:
-    (split -> sacreBLEU/chrF scores, split -> BLEU by source-length bucket (test splits),
-     the encoder's position statistics on up to ANALYSIS_SENTENCES validation sources,
-     the model's number of parameters).
+    (the restored model, split -> sacreBLEU/chrF scores with the checkpoint's "step",
+     split -> BLEU by source-length bucket (test splits)).
   """
-  config = evaluate.load_run_config(workdir)
-  mesh = runtime.make_mesh()
-  task = pipeline.get_task(config.task)
-  model, step = evaluate.restore_model(workdir, config, config.decode.checkpoint, mesh)
+  model, step = evaluate.restore_model(workdir, config, checkpoint, mesh)
   scores, by_length = {}, {}
   for split in ("validation",) + EVAL_SPLITS[config.task.name]:
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
@@ -213,10 +209,32 @@ def evaluate_run(workdir: str) -> tuple[dict, dict, dict, int]:
     if split != "validation":
       by_length[split] = bleu_by_source_length(task.source_texts(split), translations,
                                                task.target_texts(split))
+  return model, scores, by_length
+
+
+def evaluate_run(workdir: str) -> dict[str, Any]:
+  """Scores a run's `decode.checkpoint` (the best by validation BLEU unless set to 'latest' or
+  'average:N') on every evaluation split of its task, and each of `decode.other_checkpoints`.
+
+  Returns:
+    {"scores": split -> sacreBLEU/chrF scores, "bleu_by_source_length": split -> BLEU by
+     source-length bucket (test splits), "other_checkpoints": choice -> split -> scores,
+     "position_statistics": the encoder's on up to ANALYSIS_SENTENCES validation sources,
+     "num_params": the model's number of parameters}.
+  """
+  config = evaluate.load_run_config(workdir)
+  mesh = runtime.make_mesh()
+  task = pipeline.get_task(config.task)
+  model, scores, by_length = score_checkpoint(workdir, config, task, config.decode.checkpoint,
+                                              mesh)
+  others = {choice: score_checkpoint(workdir, config, task, choice, mesh)[1]
+            for choice in config_validation.other_checkpoints(config)}
   sources = task.source_texts("validation")[:ANALYSIS_SENTENCES]
   _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
   num_params = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  return scores, by_length, analysis.position_statistics(model, inputs), num_params
+  return {"scores": scores, "bleu_by_source_length": by_length, "other_checkpoints": others,
+          "position_statistics": analysis.position_statistics(model, inputs),
+          "num_params": num_params}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,59 +261,79 @@ class Run:
 
 
 def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
-               output_dir: str) -> list[Run]:
-  """Every (row, seed) of a table on `task`, row by row, with its workdir under
-  `output_dir/runs` (named after the task too, so tables of two tasks never share a run)."""
+               output_dir: str, order: str = "rows") -> list[Run]:
+  """Every (row, seed) of a table on `task`, with its workdir under `output_dir/runs` (named
+  after the task too, so tables of two tasks never share a run).
+
+  Args:
+    order: "rows" (each row's seeds one after another) or "seeds" (every row with the first
+      seed, then every row with the next).
+  """
   runs_dir = os.path.join(os.path.abspath(output_dir), "runs")
+  pairs = ([(row, seed) for row in rows for seed in seeds] if order == "rows"
+           else [(row, seed) for seed in seeds for row in rows])
   return [Run(table, row, seed,
               os.path.join(runs_dir, f"{task}-{table}-{row.replace('=', '')}-seed{seed}"))
-          for row in rows for seed in seeds]
+          for row, seed in pairs]
 
 
-@contextlib.contextmanager
-def _workdir_lock(workdir: str) -> Iterator[None]:
-  """Holds `workdir/run.lock` (making the workdir), waiting while another process holds it:
-  e.g. a run of a stopped table still saving its checkpoint when the table is restarted."""
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, LOCK_FILE), "w", encoding="utf-8") as lock:
-    try:
-      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      logging.warning("Waiting for the other process running in %s to exit.", workdir)
-      fcntl.flock(lock, fcntl.LOCK_EX)
-    yield
+class StopRequested(Exception):
+  """SIGTERM arrived while a run was being evaluated (after its training was saved)."""
+
+
+def _raise_stop(*_) -> None:
+  raise StopRequested()
 
 
 def run_one(table: str, row: str, seed: int, task: str, workdir: str,
             overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
   """Trains and evaluates one run; returns (and writes) its result record.
 
-  One process at a time runs in a workdir (`_workdir_lock`).
+  One process at a time runs in a workdir: this waits for the workdir's run lock, then returns
+  the result already there when another process finished the run meanwhile.
 
-  Returns None, writing nothing, when training was preempted (SIGTERM) after its checkpoint.
+  Returns None, writing nothing, when SIGTERM stopped it: during training after its checkpoint,
+  during the final evaluation at once (its training is saved; a rerun evaluates it).
   """
   config = run_config(row, seed, task, overrides)
-  source_commit = commit()  # the code the run starts with
-  with _workdir_lock(workdir):
-    start = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  with locks.hold(workdir, lock_file=LOCK_FILE, wait=True):
+    if os.path.exists(os.path.join(workdir, RESULT_FILE)):
+      return read_result(os.path.join(workdir, RESULT_FILE))
     summary = train.train_and_evaluate(config, workdir)
     if summary["preempted"]:
       return None
     evaluation_start = time.time()
-    scores, by_length, statistics, num_params = evaluate_run(workdir)
-    end = time.time()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_stop) if in_main_thread else None
+    try:
+      evaluation = evaluate_run(workdir)
+    except StopRequested:
+      logging.warning("Stopped during the final evaluation of %s; its training is saved, and "
+                      "running the same command again evaluates it.", workdir)
+      return None
+    finally:
+      if in_main_thread:
+        signal.signal(signal.SIGTERM, previous)
+    evaluation_s = time.time() - evaluation_start
+    records = metrics_writer.read_metrics(workdir)
+    training_s = metrics_writer.elapsed_seconds(records)
+    validation_s = sum(r.get("time_s") or 0.0 for r in records if r["split"] == "validation")
+    starts = metrics_writer.read_starts(workdir)
     result = {
         "table": table, "row": row, "seed": seed, "task": task,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
-        "commit": source_commit, "wall_time_s": end - start,
-        # Where the wall time went (compilation is inside each part): training steps and
-        # checkpoints, validation during training, the final evaluation of every split.
-        "time_s": {"training": evaluation_start - start - summary["validation_time_s"],
-                   "validation": summary["validation_time_s"],
-                   "evaluation": end - evaluation_start},
-        "steps_per_second": train_steps_per_second(workdir), "num_params": num_params,
-        "validation_curve": validation_curve(workdir),
-        "scores": scores, "bleu_by_source_length": by_length, "position_statistics": statistics,
+        "commit": starts[-1]["commit"] if starts else runtime.source_commit(),
+        # Every start of the run (time, step, commit, host) and the commits in order.
+        "starts": starts, "commits": list(dict.fromkeys(s["commit"] for s in starts)),
+        # Seconds over every start of the run (`metrics_writer.elapsed_seconds`; compilation
+        # is inside each part): training steps and checkpoints, validation during training,
+        # the final evaluation of every split (the last one).
+        "wall_time_s": training_s + evaluation_s,
+        "time_s": {"training": training_s - validation_s, "validation": validation_s,
+                   "evaluation": evaluation_s},
+        "steps_per_second": train_steps_per_second(workdir),
+        "validation_curve": validation_curve(workdir), **evaluation,
         "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
         "environment": {**environment(), "finished_at": _now()},
     }
@@ -303,28 +341,43 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   return result
 
 
-def _read_result(path: str) -> dict[str, Any]:
+# The fields of a run's result that the tables read: a result.json without them is refused.
+RESULT_FIELDS = ("table", "row", "seed", "task", "scores", "config", "workdir")
+
+
+def read_result(path: str) -> dict[str, Any]:
   """A run's result.json.
 
   Raises:
-    ValueError: naming the file when it is not whole JSON.
+    ValueError: naming the file when it is not JSON or not a run's result (an object with
+      RESULT_FIELDS), and how to evaluate the run again.
   """
-  with open(path, encoding="utf-8") as f:
-    try:
-      return json.load(f)
-    except ValueError as e:
-      raise ValueError(f"{path} is not valid JSON ({e}): delete it to run that run's "
-                       "evaluation again.") from None
+  try:
+    result = runtime.read_json(path)
+  except ValueError as e:
+    raise ValueError(f"{str(e).rstrip('.')}: delete it to evaluate that run again.") from None
+  missing = ([f for f in RESULT_FIELDS if f not in result] if isinstance(result, dict)
+             else list(RESULT_FIELDS))
+  if missing or not isinstance(result["scores"], dict):
+    raise ValueError(f"{path} is not a run's result (no {(missing or ['scores'])[0]!r}): "
+                     "delete it to evaluate that run again.")
+  return result
 
 
 def collect(output_dir: str) -> list[dict[str, Any]]:
-  """Every finished run under `output_dir/runs`, in table and row order."""
+  """Every finished run under `output_dir/runs` (not those moved aside), in table and row
+  order; a result.json that cannot be read is left out with a warning naming it (the table
+  goes on)."""
   runs_dir = os.path.join(output_dir, "runs")
   runs = []
-  for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+  for name in [n for n in names if REPLACED_MARK not in n]:
     path = os.path.join(runs_dir, name, RESULT_FILE)
     if os.path.exists(path):
-      runs.append(_read_result(path))
+      try:
+        runs.append(read_result(path))
+      except ValueError as e:
+        logging.warning("Left out of the table: %s", e)
   order = {(t, r): i for i, (t, r) in enumerate((t, r) for t in TABLES for r in TABLES[t])}
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
@@ -404,15 +457,31 @@ def child_environment(parallel: int) -> dict[str, str]:
   return env
 
 
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
+
+
+def _exit_with(parent: int) -> None:
+  """In a child between fork and exec (Linux): the kernel sends it SIGTERM (it saves and
+  exits) when `parent` ends, however it ends; it exits at once when `parent` already has."""
+  _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  if os.getppid() != parent:
+    os._exit(1)
+
+
 def _start_child(run: Run, command: list[str], env: dict[str, str]) -> subprocess.Popen:
   """Starts `command` with its output appended to the run's log, in a session of its own (a
-  terminal's Ctrl-C reaches only the table, which stops the children so that they save)."""
+  terminal's Ctrl-C reaches only the table, which stops the children so that they save), and
+  tied to this process from its first instruction (`_exit_with`): a table killed outright
+  leaves no run training."""
   os.makedirs(run.workdir, exist_ok=True)
+  tie = (lambda parent=os.getpid(): _exit_with(parent)) if _PRCTL is not None else None
   with open(run.log, "a", encoding="utf-8") as log:
     log.write(f"relpos: {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n")
     log.flush()
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                               preexec_fn=tie)
   print(f"relpos: started {run.name} (log: {run.log})", flush=True)
   return process
 
@@ -487,7 +556,7 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
           run = running.pop(process)
           done = len(runs) - len(waiting) - len(running)
           if os.path.exists(run.result):
-            _print_finished(_read_result(run.result), done, len(runs), started)
+            _print_finished(read_result(run.result), done, len(runs), started)
             write_outputs(output_dir)
           else:
             failed.append(run)
@@ -498,9 +567,77 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
   return failed, signals.count > 0
 
 
+def _differences_from_request(run: Run, requested: ml_collections.ConfigDict) -> list[tuple]:
+  """`config_validation.result_differences` between a finished run's config and `requested`
+  (validated)."""
+  saved = ml_collections.ConfigDict(read_result(run.result)["config"])
+  try:
+    config_validation.validate(saved)
+  except ValueError as e:
+    raise ValueError(f"{run.result}: {e}") from None
+  return config_validation.result_differences(saved, requested)
+
+
+def _move_aside(run: Run) -> str:
+  """Renames a run's workdir to `<workdir>.replaced-<UTC time>` (kept, never deleted)."""
+  aside = f"{run.workdir}{REPLACED_MARK}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+  os.rename(run.workdir, aside)
+  return aside
+
+
+def _check_one_task(output_dir: str, task: str) -> None:
+  """Refuses an output folder that holds runs of another task (a table has one task).
+
+  Raises:
+    ValueError: naming the folder, the other task and one of its runs.
+  """
+  runs_dir = os.path.join(output_dir, "runs")
+  for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+    try:
+      run = read_result(os.path.join(runs_dir, name, RESULT_FILE))
+    except (OSError, ValueError):  # unfinished, or reported where the table reads it
+      continue
+    if run["task"] != task:
+      raise ValueError(f"{output_dir} holds runs of task {run['task']!r} ({run['workdir']}), "
+                       f"not {task!r}: a table has one task; pass another --output_dir.")
+
+
+def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
+                 retrain_changed: bool) -> list[Run]:
+  """The runs of `runs` to train: the unfinished ones, and the finished ones whose config
+  differs from the request (with `retrain_changed`: moved aside first).
+
+  Raises:
+    ValueError: (not `retrain_changed`) a finished run whose config differs from the request
+      in a field that changes its result, naming the run, the field and both values.
+  """
+  pending = []
+  for run in runs:
+    if not os.path.exists(run.result):
+      pending.append(run)
+      continue
+    requested = run_config(run.row, run.seed, task, overrides)
+    config_validation.validate(requested)
+    differences = _differences_from_request(run, requested)
+    if not differences:
+      print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
+      continue
+    field, saved, asked = differences[0]
+    more = f" (and {len(differences) - 1} more fields)" if len(differences) > 1 else ""
+    if not retrain_changed:
+      raise ValueError(f"{run.result} was made with {field}={saved!r}, not the {asked!r} asked"
+                       f"{more}: pass --retrain_changed to train it again (its folder is "
+                       "kept aside), or use another --output_dir.")
+    print(f"relpos: {run.workdir} was made with {field}={saved!r}, not {asked!r}{more}; moved "
+          f"it to {_move_aside(run)} to train it again.", flush=True)
+    pending.append(run)
+  return pending
+
+
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
               rows: Sequence[str] | None = None, overrides: dict[str, Any] | None = None,
-              parallel: int = 1) -> dict[str, Any]:
+              parallel: int = 1, order: str = "rows",
+              retrain_changed: bool = False) -> dict[str, Any]:
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
@@ -511,6 +648,11 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     rows: a subset of the table's rows (default all).
     overrides: dotted config fields to set on every run, e.g. {"train.num_steps": 100}.
     parallel: how many runs at once; above 1 each is a child process (module docstring).
+    order: one of ORDERS: "rows" (a row's seeds one after another) or "seeds" (every row
+      with one seed before the next seed).
+    retrain_changed: train again (after moving them aside) the finished runs whose config
+      differs from the request in a field that changes a result; without it such a run stops
+      the table before any work.
 
   Returns:
     write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
@@ -518,7 +660,10 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     process ended without a result).
 
   Raises:
-    ValueError: for an unknown table or row, an invalid override, no seeds or `parallel` < 1.
+    ValueError: for an unknown table, row or order, an invalid override, no seeds, `parallel`
+      < 1, an output folder holding runs of another task or a finished run made with another
+      config (see `pending_runs`).
+    locks.WorkdirInUseError: another table runs in `output_dir`.
   """
   if table not in TABLES:
     raise ValueError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}.")
@@ -526,6 +671,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     raise ValueError("no seeds to run: --seeds must be at least 1.")
   if parallel < 1:
     raise ValueError(f"parallel={parallel}: must be at least 1.")
+  if order not in ORDERS:
+    raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
   rows = list(rows or TABLES[table])
   for row in rows:
     if not row_in_table(row, table):
@@ -534,18 +681,23 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
                        f"{', '.join(TABLES[table])}{any_k}.")
   for row in rows:  # every config valid before any work
     config_validation.validate(run_config(row, seeds[0], task, overrides))
-  pending = []
-  for run in table_runs(table, task, rows, seeds, output_dir):
-    if os.path.exists(run.result):
-      print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
+  if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+    raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
+  os.makedirs(output_dir, exist_ok=True)
+  with locks.hold(output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
+                  busy="another table runs there; wait for it to end (or stop it), or pass "
+                       "another --output_dir"):
+    _check_one_task(output_dir, task)
+    runs = table_runs(table, task, rows, seeds, output_dir, order)
+    pending = pending_runs(runs, task=task, overrides=overrides,
+                           retrain_changed=retrain_changed)
+    prepare_data(pending, task, overrides)  # once, before any run starts
+    if parallel == 1:
+      failed = []
+      preempted = _run_in_process(pending, task=task, overrides=overrides,
+                                  output_dir=output_dir)
     else:
-      pending.append(run)
-  prepare_data(pending, task, overrides)  # once, before any run starts
-  if parallel == 1:
-    failed = []
-    preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir)
-  else:
-    failed, preempted = _run_children(pending, task=task, overrides=overrides,
-                                      output_dir=output_dir, parallel=parallel)
-  return {**write_outputs(output_dir), "preempted": preempted,
-          "failed": [run.log for run in failed]}
+      failed, preempted = _run_children(pending, task=task, overrides=overrides,
+                                        output_dir=output_dir, parallel=parallel)
+    return {**write_outputs(output_dir), "preempted": preempted,
+            "failed": [run.log for run in failed]}

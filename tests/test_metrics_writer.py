@@ -1,0 +1,59 @@
+"""Tests for relpos.metrics_writer: records, a run's seconds over its starts, start records."""
+
+import json
+
+import pytest
+
+from relpos import metrics_writer
+
+
+def test_elapsed_seconds_takes_the_last_train_clock_and_the_validations_after_it():
+  records = [
+      {"step": 50, "split": "train", "elapsed_s": 10.0, "steps_per_second": 5.0},
+      {"step": 100, "split": "train", "elapsed_s": 20.0, "steps_per_second": 5.0},
+      {"step": 100, "split": "validation", "time_s": 4.0},  # written after step 100's clock
+  ]
+  assert metrics_writer.elapsed_seconds(records) == 24.0
+  records.append({"step": 150, "split": "train", "elapsed_s": 35.0})  # includes validation
+  assert metrics_writer.elapsed_seconds(records) == 35.0
+
+
+def test_elapsed_seconds_estimates_records_from_before_the_clock():
+  """Records without elapsed_s (older runs) count each interval's steps over its speed, and a
+  later clock carries that estimate on (it started from it)."""
+  records = [
+      {"step": 50, "split": "train", "steps_per_second": 2.0},  # 25 s
+      {"step": 100, "split": "train", "steps_per_second": 5.0},  # 10 s
+      {"step": 100, "split": "validation", "time_s": 3.0},
+      {"step": 100, "split": "train", "steps_per_second": None},  # no interval timed
+  ]
+  assert metrics_writer.elapsed_seconds(records) == pytest.approx(38.0)
+  records.append({"step": 150, "split": "train", "elapsed_s": 50.0})
+  assert metrics_writer.elapsed_seconds(records) == 50.0
+  assert metrics_writer.elapsed_seconds([]) == 0.0
+
+
+def test_starts_are_appended_in_order(tmp_path):
+  metrics_writer.record_start(str(tmp_path), 0, "abc1234")
+  metrics_writer.record_start(str(tmp_path), 500, "def5678-dirty")
+  starts = metrics_writer.read_starts(str(tmp_path))
+  assert [(s["step"], s["commit"]) for s in starts] == [(0, "abc1234"), (500, "def5678-dirty")]
+  assert all(s["started_at"].endswith("Z") and s["host"] for s in starts)
+  assert metrics_writer.read_starts(str(tmp_path / "nowhere")) == []
+
+
+def test_timing_fields_are_all_that_differs_between_two_executions():
+  record = {"step": 1, "split": "train", "loss": 2.0, "steps_per_second": 3.0, "elapsed_s": 4.0}
+  assert metrics_writer.without_timing([record]) == [{"step": 1, "split": "train", "loss": 2.0}]
+
+
+def test_writer_drops_records_past_the_resume_step_and_writes_strict_json(tmp_path):
+  with metrics_writer.MetricsWriter(str(tmp_path), resume_step=0) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, "train", {"loss": float(step)})
+  with metrics_writer.MetricsWriter(str(tmp_path), resume_step=2) as writer:
+    writer.write(3, "train", {"loss": float("nan")})
+  lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+  assert [json.loads(line) for line in lines] == [
+      {"step": 1, "split": "train", "loss": 1.0}, {"step": 2, "split": "train", "loss": 2.0},
+      {"step": 3, "split": "train", "loss": None}]
