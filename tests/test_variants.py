@@ -1,6 +1,7 @@
 """Tests for relpos.variants: the registry, a variant defined here (registered, trained, decoded
 with a cache), and a variant from the user's own file brought in by --import (train.py, eval.py,
-the experiments CLI), plus the README's worked example."""
+the experiments CLI), plus the README's worked example; and the length-extrapolation variants
+(FIRE, SHAPE, randomized positions)."""
 import json
 import pathlib
 import re
@@ -22,8 +23,9 @@ from test_model import ATOL, INPUTS, TINY, VOCAB, cached_and_full_logits
 from test_train import _random_batch, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FIRE = ROOT / "examples" / "fire.py"
-BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi")
+KERPLE = ROOT / "examples" / "kerple.py"
+BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi", "fire", "shape",
+            "randomized")
 
 
 class DistanceBias(variants.AttentionPosition):
@@ -130,18 +132,19 @@ def _run(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
                         timeout=600, check=False)
 
 
-TINY_FIRE = ("--config=configs/tiny.py", "--config.model.position=fire",
-             "--config.model.fire_hidden=8", "--config.train.num_steps=4",
-             "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4")
+TINY_KERPLE = ("--config=configs/tiny.py", "--config.model.position=kerple",
+               "--config.model.kerple_shared_across_layers=True", "--config.train.num_steps=4",
+               "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4")
 
 
 def test_import_brings_a_users_variant_into_train_and_eval(tmp_path):
-  workdir = tmp_path / "fire"
-  trained = _run("train.py", f"--import={FIRE}", *TINY_FIRE, f"--workdir={workdir}")
+  workdir = tmp_path / "kerple"
+  trained = _run("train.py", f"--import={KERPLE}", *TINY_KERPLE, f"--workdir={workdir}")
   assert trained.returncode == 0, trained.stderr[-2000:]
   assert json.loads(trained.stdout.strip().splitlines()[-1])["step"] == 4
-  assert json.loads((workdir / "imports.json").read_text()) == [str(FIRE)]
-  assert json.loads((workdir / "config.json").read_text())["model"]["fire_hidden"] == 8
+  assert json.loads((workdir / "imports.json").read_text()) == [str(KERPLE)]
+  assert json.loads((workdir / "config.json").read_text())["model"][
+      "kerple_shared_across_layers"] is True
   # eval.py imports what the run recorded, without being told.
   scored = _run("eval.py", f"--workdir={workdir}", "--split=validation", "--beam_size=1",
                 f"--output_dir={tmp_path / 'eval'}")
@@ -167,27 +170,27 @@ def test_import_mistakes_are_one_line(tmp_path):
   assert failed.returncode == 1
   assert failed.stderr.strip().splitlines()[-1].startswith(
       f"error: --import={broken}: importing it failed: ModuleNotFoundError")
-  unknown = _run("train.py", "--config.model.position=fire", f"--workdir={tmp_path / 'run'}")
+  unknown = _run("train.py", "--config.model.position=kerple", f"--workdir={tmp_path / 'run'}")
   assert unknown.stderr.strip().splitlines()[-1].endswith(
       "(a variant of your own: --import=<its module>).")
 
 
 def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
-  listed = _run("-m", "relpos.experiments.run", f"--import={FIRE}", "--list")
-  assert "table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, fire" in (
-      listed.stdout)
-  table = _run("-m", "relpos.experiments.run", f"--import={FIRE}", "--rows=fire", "--task=tiny",
-               "--config.model.fire_hidden=8", "--config.train.num_steps=4",
+  listed = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--list")
+  assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, fire, "
+          "shape, randomized, kerple") in listed.stdout
+  table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple",
+               "--task=tiny", "--config.train.num_steps=4",
                "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
                "--parallel=2", f"--output_dir={tmp_path}")
   assert table.returncode == 0, table.stdout[-2000:] + table.stderr[-2000:]
   results = json.loads((tmp_path / "results.json").read_text())
-  assert [run["row"] for run in results["runs"]] == ["fire"]
-  assert "| fire |" in (tmp_path / "table.md").read_text()
+  assert [run["row"] for run in results["runs"]] == ["kerple"]
+  assert "| kerple |" in (tmp_path / "table.md").read_text()
 
 
-def test_readme_worked_example_is_examples_fire():
+def test_readme_worked_example_is_examples_kerple():
   readme = (ROOT / "README.md").read_text()
   section = readme[readme.index("## Adding a position variant"):]
   code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-  assert code == FIRE.read_text()
+  assert code == KERPLE.read_text()
