@@ -11,8 +11,9 @@ because i - j <= i for the keys a causal query sees.
 
 Bidirectional (the encoder): keys right of the query have |i - j| > i, and the causal
 normalizer psi(max(L, i)) gives inputs above 1 (log 40 / log 17 = 1.30 at i = 0, j = 39 with
-L = 16, c = 1), outside the bounded domain FIRE is built on. Here the normalizer is psi(max(L, i, j)): both positions are
-distances to the sequence start and |i - j| <= max(i, j), so the input stays in [0, 1] in both
+L = 16, c = 1), outside the bounded domain FIRE is built on. Here the normalizer is
+psi(max(L, i, j)): both positions are distances to the sequence start and |i - j| <= max(i, j),
+so the input stays in [0, 1] in both
 directions, reduces to the paper's max(L, i) wherever j <= i (the decoder sees exactly the
 paper's FIRE), and depends on positions alone (cached decoding equals the full pass; packed
 segments restart positions). The sequence length would also bound it but is unknown to a cached
