@@ -5,19 +5,19 @@ Causal (the paper's form, the decoder):
 
   bias[h, i, j] = f(psi(i - j) / psi(max(L, i)))[h],   psi(x) = log(c x + 1),
 
-with f an MLP [2] -> hidden (ReLU) -> heads (its second input below), c > 0 and the threshold L learned (progressive
-interpolation: queries before position L share the normalizer psi(L)). The input lies in [0, 1]
-because i - j <= i for the keys a causal query sees.
+with f an MLP [2] -> hidden (ReLU) -> heads (its second input below), c > 0 and the threshold L
+learned (progressive interpolation: queries before position L share the normalizer psi(L)). The
+input lies in [0, 1] because i - j <= i for the keys a causal query sees.
 
-Bidirectional (the encoder): keys right of the query have |i - j| > i, and the causal
-normalizer psi(max(L, i)) gives inputs above 1 (log 40 / log 17 = 1.30 at i = 0, j = 39 with
-L = 16, c = 1), outside the bounded domain FIRE is built on. Here the normalizer is
-psi(max(L, i, j)): both positions are distances to the sequence start and |i - j| <= max(i, j),
-so the input stays in [0, 1] in both directions, reduces to the paper's max(L, i) wherever
-j <= i (the decoder sees exactly the paper's FIRE), and depends on positions alone (cached
-decoding equals the full pass; packed segments restart positions). The sequence length would also bound it but is unknown to a cached
-decoding step. f gets a second input, x * [j > i], so an encoder layer can tell left from right
-(always 0 in the decoder: its later keys are masked).
+Bidirectional (the encoder): keys right of the query have |i - j| > i, and the causal normalizer
+psi(max(L, i)) gives inputs above 1 (log 40 / log 17 = 1.30 at i = 0, j = 39 with L = 16, c =
+1), outside the bounded domain FIRE is built on. Here the normalizer is psi(max(L, i, j)): both
+positions are distances to the sequence start and |i - j| <= max(i, j), so the input stays in
+[0, 1] in both directions, reduces to the paper's max(L, i) wherever j <= i (the decoder sees
+exactly the paper's FIRE), and depends on positions alone (cached decoding equals the full pass;
+packed segments restart positions). The sequence length would also bound it but is unknown to a
+cached decoding step. f gets a second input, x * [j > i], so an encoder layer can tell left from
+right (always 0 in the decoder: its later keys are masked).
 """
 import math
 
