@@ -38,6 +38,14 @@ ROWS: dict[str, dict[str, object]] = {
                    "relative_key": True, "relative_value": True},
     "rope": {"position": "rope", "add_absolute": False},
     "alibi": {"position": "alibi", "add_absolute": False},
+    # Length extrapolation (issue #27): FIRE, SHAPE and randomized positions at their defaults.
+    "fire": {"position": "fire", "add_absolute": False, "fire_hidden": 32, "fire_init_c": 0.1,
+             "fire_init_threshold": 16.0},
+    "shape": {"position": "shape", "add_absolute": False, "absolute_type": "sinusoidal",
+              "shape_max_shift": 500},
+    "randomized": {"position": "randomized", "add_absolute": False,
+                   "absolute_type": "sinusoidal", "randomized_max_position": 2048,
+                   "randomized_eval_stride": 1},
 }
 
 # Task name -> base config (model size and data).

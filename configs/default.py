@@ -29,6 +29,9 @@ def get_config() -> ml_collections.ConfigDict:
   task.overlong = "filter"  # filter | truncate (training only; eval never drops)
   task.packing = True  # True: pack examples; False: length bucketing
   task.shuffle_buffer_seed = 0  # folded with config.seed into the shuffle seed
+  # Training only: probability that an example is joined with a random other one (sentence
+  # concatenation, Kondo et al. 2021); 0.0 = off, the batches of before the option existed.
+  task.concat_probability = 0.0
   synthetic = task.synthetic = ml_collections.ConfigDict()
   synthetic.seed = 1234
   synthetic.num_train = 20000

@@ -40,6 +40,7 @@ FIELDS: dict[str, Field] = {
     "task.overlong": Field(REQUIRED, one_of("filter", "truncate")),
     "task.packing": Field(REQUIRED, BOOLEAN),
     "task.shuffle_buffer_seed": Field(REQUIRED, integer(0)),
+    "task.concat_probability": Field(0.0, number(0.0, 1.0)),
     "task.synthetic.seed": Field(REQUIRED, integer(0)),
     "task.synthetic.num_train": Field(REQUIRED, integer(1)),
     "task.synthetic.num_validation": Field(REQUIRED, integer(1)),

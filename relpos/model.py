@@ -296,7 +296,11 @@ class _Stack(nnx.Module):
   def embed_tokens(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
     """Token embeddings [batch, n, emb_dim] (+ the position embedding of positions [b or 1, n])."""
     x = self.embed(tokens)
-    if self.position_embedding is not None:
+    if isinstance(self.position_embedding, variants.StochasticEmbedding):
+      positions = jnp.broadcast_to(positions, tokens.shape)
+      encoding = self.position_embedding(positions, deterministic=deterministic)
+      x = x + encoding.astype(x.dtype)
+    elif self.position_embedding is not None:
       x = x + self.position_embedding(positions).astype(x.dtype)
     return self.embed_dropout(x, deterministic=deterministic)
 

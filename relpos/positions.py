@@ -5,6 +5,7 @@ Relative positions always follow the design contract: key position minus query p
 """
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -223,3 +224,75 @@ def alibi_bias(query_positions: jnp.ndarray, key_positions: jnp.ndarray,
   """
   distance = jnp.abs(relative_positions(query_positions, key_positions)).astype(jnp.float32)
   return -jnp.asarray(slopes, jnp.float32)[:, None, None] * distance[:, None]
+
+
+def segment_slots(positions: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+  """Which packed segment each token is in, and each segment's length.
+
+  A segment starts wherever its position is 0 (padding, also at position 0, makes one-token
+  segments of its own).
+
+  Args:
+    positions: integer array [batch, n], restarting at 0 per segment.
+
+  Returns:
+    (slot int32 [batch, n]: the token's segment 0, 1, ... within its row; length int32
+    [batch, n]: the length of segment s at index s, 0 for slots without a segment).
+  """
+  positions = jnp.asarray(positions, jnp.int32)
+  slot = jnp.cumsum(positions == 0, axis=-1, dtype=jnp.int32) - 1
+  rows = jnp.arange(positions.shape[0])[:, None]
+  length = jnp.zeros(positions.shape, jnp.int32).at[rows, slot].max(positions + 1)
+  return slot, length
+
+
+def shifted_positions(key: jax.Array, positions: jnp.ndarray, max_shift: int) -> jnp.ndarray:
+  """SHAPE (Kiyono et al. 2021): positions + k, one k ~ U{0, ..., max_shift} per segment.
+
+  Args:
+    key: a jax.random key.
+    positions: integer array [batch, n], restarting at 0 per packed segment.
+    max_shift: K, the largest offset.
+
+  Returns:
+    int32 [batch, n].
+  """
+  slot, _ = segment_slots(positions)
+  offsets = jax.random.randint(key, positions.shape, 0, max_shift + 1)  # [b, slots]
+  return positions + jnp.take_along_axis(offsets, slot, axis=-1)
+
+
+def random_sorted_positions(key: jax.Array, positions: jnp.ndarray,
+                            max_position: int) -> jnp.ndarray:
+  """Randomized positions (Ruoss et al. 2023): each segment's positions 0..m-1 replaced by a
+  sorted subset of range(max_position), drawn uniformly among the subsets of m elements.
+
+  The subsets come from Floyd's algorithm, one per segment, in n vectorized steps (exact, and
+  O(n^2) per row instead of sorting max_position scores per segment).
+
+  Args:
+    key: a jax.random key.
+    positions: integer array [batch, n], restarting at 0 per packed segment.
+    max_position: L >= n, the number of positions drawn from.
+
+  Returns:
+    int32 [batch, n], strictly increasing within each segment.
+  """
+  positions = jnp.asarray(positions, jnp.int32)
+  batch, n = positions.shape
+  slot, length = segment_slots(positions)  # [b, n] each
+
+  uniform = jax.random.uniform(key, (n, batch, n))  # [steps, b, slots]
+
+  def draw(i, chosen):  # chosen: [b, slots, n], max_position where not drawn yet
+    top = max_position - length + i  # [b, slots]: step i draws from 0..top
+    pick = jnp.minimum(jnp.floor(uniform[i] * (top + 1)).astype(jnp.int32), top)
+    taken = jnp.any(chosen == pick[..., None], axis=-1)  # [b, slots]
+    new = jnp.where(taken, top, pick)
+    return chosen.at[:, :, i].set(jnp.where(i < length, new, max_position))
+
+  chosen = jnp.full((batch, n, n), max_position, jnp.int32)
+  chosen = jax.lax.fori_loop(0, n, draw, chosen, unroll=True)
+  ordered = jnp.sort(chosen, axis=-1)  # [b, slots, n]
+  rows = jnp.arange(batch)[:, None]
+  return ordered[rows, slot, positions]

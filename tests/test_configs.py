@@ -22,7 +22,7 @@ INVALID = {
     "task.target_lang": "", "task.manual_dir": None, "task.download_url": 1,
     "task.vocab_size": 4, "task.spm_model_type": "wordpiece", "task.max_length": 1,
     "task.overlong": "drop", "task.packing": 1, "task.shuffle_buffer_seed": -2,
-    "task.spm_seed": -3,
+    "task.spm_seed": -3, "task.concat_probability": 1.5,
     "task.synthetic.seed": 1.5, "task.synthetic.num_train": 0,
     "task.synthetic.num_validation": 0, "task.synthetic.num_test": 0,
     "task.synthetic.num_test_long": 0, "task.synthetic.min_words": 0,
@@ -143,6 +143,10 @@ def test_multi30k_gpu_is_the_transformer_tiny_recipe():
     ("abs_rel_kv", {"position": "relative", "add_absolute": True}),
     ("rope", {"position": "rope"}),
     ("alibi", {"position": "alibi"}),
+    ("fire", {"position": "fire", "fire_hidden": 32, "fire_init_threshold": 16.0}),
+    ("shape", {"position": "shape", "absolute_type": "sinusoidal", "shape_max_shift": 500}),
+    ("randomized", {"position": "randomized", "randomized_max_position": 2048,
+                    "randomized_eval_stride": 1}),
     ("k=4", {"position": "relative", "max_relative_position": 4, "add_absolute": False}),
 ])
 def test_ablation_rows(row, expected):

@@ -4,6 +4,7 @@ import json
 import shutil
 from collections import Counter
 
+import grain
 import numpy as np
 import pytest
 
@@ -37,6 +38,11 @@ def task(data_dir):
 @pytest.fixture(scope="module")
 def bucketed_task(data_dir):
   return pipeline.Task(_task_config(data_dir, max_length=48, packing=False))
+
+
+@pytest.fixture(scope="module")
+def concat_task(data_dir):
+  return pipeline.Task(_task_config(data_dir, max_length=32, concat_probability=0.5))
 
 
 def _key(inputs, targets) -> tuple:
@@ -116,7 +122,7 @@ def _assert_same_batches(iterator, expected):
       np.testing.assert_array_equal(got[key], want[key])
 
 
-@pytest.mark.parametrize("fixture", ["task", "bucketed_task"])
+@pytest.mark.parametrize("fixture", ["task", "bucketed_task", "concat_task"])
 def test_restored_iterator_yields_the_same_next_batches(fixture, request):
   task = request.getfixturevalue(fixture)
   iterator = task.train_iterator(8, seed=3)
@@ -263,3 +269,56 @@ def test_tests_prepare_unnamed_data_outside_home(tmp_path_factory):
   # conftest.py: a config naming no data folder (and the programs tests start) uses this one.
   data_dir = datasets.data_dir(default.get_config().task)
   assert data_dir.startswith(str(tmp_path_factory.getbasetemp()))
+
+
+def test_concat_probability_zero_is_the_pipeline_without_the_option(data_dir, task):
+  config = _task_config(data_dir, max_length=32)
+  del config["concat_probability"]  # a config written before the option existed
+  before = pipeline.Task(config).train_iterator(8, seed=0)
+  _assert_same_batches(task.train_iterator(8, seed=0), [next(before) for _ in range(6)])
+
+
+def _is_joined(inputs: tuple, targets: tuple, examples: Counter) -> bool:
+  """Whether (inputs, targets) is a training pair without its final EOS, then another."""
+  for first_inputs, first_targets in examples:
+    n, m = len(first_inputs) - 1, len(first_targets) - 1
+    if (inputs[:n] == first_inputs[:-1] and targets[:m] == first_targets[:-1]
+        and (inputs[n:], targets[m:]) in examples):
+      return True
+  return False
+
+
+def test_concatenated_examples_are_two_joined_pairs_at_the_rate(concat_task):
+  examples = _examples(concat_task)
+  assert all(key[0][-1] == key[1][-1] == tokenizer_lib.EOS_ID for key in examples)
+  segments = _segments_until(concat_task.train_iterator(8, seed=0), 600)
+  joined = 0
+  for (inputs, targets), count in segments.items():
+    if (inputs, targets) not in examples:
+      assert _is_joined(inputs, targets, examples), (inputs, targets)
+      joined += count
+  # p = 0.5, less the pairs that would exceed max_length = 32 tokens (they stay alone).
+  assert 0.1 < joined / segments.total() < 0.5
+
+
+def test_concatenated_joins_at_the_probability_and_respects_max_length():
+  rng = np.random.default_rng(0)
+  pairs = [{"inputs": np.append(rng.integers(3, 50, n), 1).astype(np.int32),
+            "targets": np.append(rng.integers(3, 50, n + 1), 1).astype(np.int32)}
+           for n in rng.integers(1, 4, 50)]
+  source = grain.MapDataset.source(pairs)
+  stream = pipeline.concatenated(source.repeat(), source, 0.3, 32, seed=5)
+  lengths = [len(stream[i]["inputs"]) for i in range(4000)]
+  joined = np.mean([n != len(pairs[i % 50]["inputs"]) for i, n in enumerate(lengths)])
+  assert abs(joined - 0.3) < 0.03  # 4000 draws: standard deviation 0.007
+  first = next(i for i in range(100) if len(stream[i]["inputs"]) != len(pairs[i]["inputs"]))
+  element = stream[first]
+  again = pipeline.concatenated(source.repeat(), source, 0.3, 32, seed=5)[first]
+  np.testing.assert_array_equal(element["inputs"], again["inputs"])  # a function of the index
+  n = len(pairs[first]["inputs"]) - 1
+  np.testing.assert_array_equal(element["inputs"][:n], pairs[first]["inputs"][:n])
+  second = element["inputs"][n:]
+  assert any(np.array_equal(second, p["inputs"]) for p in pairs)
+  # A pair longer than max_length on a side stays alone: the shortest join has 5 targets.
+  short = pipeline.concatenated(source.repeat(), source, 1.0, 4, seed=5)
+  assert all(len(short[i]["targets"]) == len(pairs[i]["targets"]) for i in range(50))

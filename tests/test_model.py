@@ -38,6 +38,11 @@ VARIANTS = {
     "rope": {"position": "rope"},
     "alibi": {"position": "alibi"},
     "none": {"position": "none"},
+    "fire": {"position": "fire", "fire_hidden": 8},
+    "shape": {"position": "shape"},
+    "shape_t2t": {"position": "shape", "absolute_type": "t2t_timing_signal"},
+    "randomized": {"position": "randomized"},
+    "randomized_stride": {"position": "randomized", "randomized_eval_stride": 3},
 }
 ATOL = 2e-5
 
@@ -196,6 +201,13 @@ def test_dropout_only_in_training():
     ({"position": "rope", "qkv_dim": 6}, r"model\.qkv_dim=6.*multiple of 2 \* model\.num_heads"),
     ({"position": "t5", "t5_num_buckets": 2}, r"model\.t5_num_buckets=2.*>= 4"),
     ({"position": "t5", "t5_max_distance": 4}, r"model\.t5_max_distance=4.*> .*= 4"),
+    ({"position": "shape", "absolute_type": "learned"},
+     r"model\.absolute_type='learned'.*'sinusoidal', 't2t_timing_signal' under "
+     r"model\.position='shape'"),
+    ({"position": "randomized", "randomized_max_position": 31},
+     r"model\.randomized_max_position=31.*>= model\.max_len=32"),
+    ({"position": "fire", "fire_init_c": 0.0}, r"model\.fire_init_c=0\.0.*\(0\.0, inf\)"),
+    ({"position": "fire", "fire_init_threshold": 0.5}, r"model\.fire_init_threshold=0\.5"),
 ])
 def test_invalid_config_raises(overrides, message):
   with pytest.raises(ValueError, match=message):

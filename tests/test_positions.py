@@ -1,4 +1,5 @@
 """Tests for relpos.positions: distances, clipping, T5 buckets, sinusoids, RoPE, ALiBi."""
+import collections
 import math
 
 import jax
@@ -165,3 +166,33 @@ def test_alibi_bias():
   distance = np.array([[0, 1, 2], [1, 0, 1], [2, 1, 0]])
   np.testing.assert_allclose(bias[0, 0], -0.5 * distance)
   np.testing.assert_allclose(bias[0, 1], -2.0 * distance)
+
+
+def test_segment_slots():
+  slot, length = positions.segment_slots(np.array([[0, 1, 2, 0, 1, 0, 0]]))
+  np.testing.assert_array_equal(slot, [[0, 0, 0, 1, 1, 2, 3]])
+  np.testing.assert_array_equal(length, [[3, 2, 1, 1, 0, 0, 0]])
+
+
+def test_shifted_positions_shift_each_segment_by_one_offset_up_to_k():
+  given = np.array([[0, 1, 2, 0, 1, 2, 3]] * 200)
+  offsets = np.asarray(positions.shifted_positions(jax.random.key(0), given, 4)) - given
+  np.testing.assert_array_equal(offsets[:, :3], offsets[:, :1].repeat(3, 1))
+  np.testing.assert_array_equal(offsets[:, 3:], offsets[:, 3:4].repeat(4, 1))
+  assert set(offsets[:, 0]) == set(offsets[:, 3]) == {0, 1, 2, 3, 4}
+  assert (offsets[:, 0] != offsets[:, 3]).mean() > 0.6  # independent: 0.8 expected
+
+
+def test_random_sorted_positions_are_uniform_subsets_per_segment():
+  # Segments of 2 and 3 tokens, each a subset of range(5): 10 subsets each, equally likely.
+  given = np.array([[0, 1, 0, 1, 2]] * 4000)
+  drawn = np.asarray(positions.random_sorted_positions(jax.random.key(1), given, 5))
+  for segment in (drawn[:, :2], drawn[:, 2:]):
+    assert (np.diff(segment, axis=1) > 0).all() and segment.min() >= 0 and segment.max() < 5
+    counts = collections.Counter(map(tuple, segment))
+    assert len(counts) == 10
+    chi2 = sum((c - 400) ** 2 / 400 for c in counts.values())
+    assert chi2 < 27.9  # 9 degrees of freedom, p = 0.001
+  # A segment as long as L takes every position.
+  full = positions.random_sorted_positions(jax.random.key(2), np.arange(6)[None], 6)
+  np.testing.assert_array_equal(full, [np.arange(6)])

@@ -1,6 +1,7 @@
 """Tests for relpos.variants: the registry, a variant defined here (registered, trained, decoded
 with a cache), and a variant from the user's own file brought in by --import (train.py, eval.py,
-the experiments CLI), plus the README's worked example."""
+the experiments CLI), plus the README's worked example; and the length-extrapolation variants
+(FIRE, SHAPE, randomized positions)."""
 import json
 import pathlib
 import re
@@ -16,14 +17,16 @@ from flax import nnx
 from configs import tiny
 from relpos import fields
 from relpos import model as model_lib
+from relpos import positions as positions_lib
 from relpos import variants
 from relpos.variants import interface
 from test_model import ATOL, INPUTS, TINY, VOCAB, cached_and_full_logits
 from test_train import _random_batch, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FIRE = ROOT / "examples" / "fire.py"
-BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi")
+KERPLE = ROOT / "examples" / "kerple.py"
+BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi", "fire", "shape",
+            "randomized")
 
 
 class DistanceBias(variants.AttentionPosition):
@@ -130,18 +133,19 @@ def _run(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
                         timeout=600, check=False)
 
 
-TINY_FIRE = ("--config=configs/tiny.py", "--config.model.position=fire",
-             "--config.model.fire_hidden=8", "--config.train.num_steps=4",
-             "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4")
+TINY_KERPLE = ("--config=configs/tiny.py", "--config.model.position=kerple",
+               "--config.model.kerple_shared_across_layers=True", "--config.train.num_steps=4",
+               "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4")
 
 
 def test_import_brings_a_users_variant_into_train_and_eval(tmp_path):
-  workdir = tmp_path / "fire"
-  trained = _run("train.py", f"--import={FIRE}", *TINY_FIRE, f"--workdir={workdir}")
+  workdir = tmp_path / "kerple"
+  trained = _run("train.py", f"--import={KERPLE}", *TINY_KERPLE, f"--workdir={workdir}")
   assert trained.returncode == 0, trained.stderr[-2000:]
   assert json.loads(trained.stdout.strip().splitlines()[-1])["step"] == 4
-  assert json.loads((workdir / "imports.json").read_text()) == [str(FIRE)]
-  assert json.loads((workdir / "config.json").read_text())["model"]["fire_hidden"] == 8
+  assert json.loads((workdir / "imports.json").read_text()) == [str(KERPLE)]
+  assert json.loads((workdir / "config.json").read_text())["model"][
+      "kerple_shared_across_layers"] is True
   # eval.py imports what the run recorded, without being told.
   scored = _run("eval.py", f"--workdir={workdir}", "--split=validation", "--beam_size=1",
                 f"--output_dir={tmp_path / 'eval'}")
@@ -167,27 +171,158 @@ def test_import_mistakes_are_one_line(tmp_path):
   assert failed.returncode == 1
   assert failed.stderr.strip().splitlines()[-1].startswith(
       f"error: --import={broken}: importing it failed: ModuleNotFoundError")
-  unknown = _run("train.py", "--config.model.position=fire", f"--workdir={tmp_path / 'run'}")
+  unknown = _run("train.py", "--config.model.position=kerple", f"--workdir={tmp_path / 'run'}")
   assert unknown.stderr.strip().splitlines()[-1].endswith(
       "(a variant of your own: --import=<its module>).")
 
 
 def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
-  listed = _run("-m", "relpos.experiments.run", f"--import={FIRE}", "--list")
-  assert "table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, fire" in (
-      listed.stdout)
-  table = _run("-m", "relpos.experiments.run", f"--import={FIRE}", "--rows=fire", "--task=tiny",
-               "--config.model.fire_hidden=8", "--config.train.num_steps=4",
+  listed = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--list")
+  assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, fire, "
+          "shape, randomized, kerple") in listed.stdout
+  table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple",
+               "--task=tiny", "--config.train.num_steps=4",
                "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
                "--parallel=2", f"--output_dir={tmp_path}")
   assert table.returncode == 0, table.stdout[-2000:] + table.stderr[-2000:]
   results = json.loads((tmp_path / "results.json").read_text())
-  assert [run["row"] for run in results["runs"]] == ["fire"]
-  assert "| fire |" in (tmp_path / "table.md").read_text()
+  assert [run["row"] for run in results["runs"]] == ["kerple"]
+  assert "| kerple |" in (tmp_path / "table.md").read_text()
 
 
-def test_readme_worked_example_is_examples_fire():
+def test_readme_worked_example_is_examples_kerple():
   readme = (ROOT / "README.md").read_text()
   section = readme[readme.index("## Adding a position variant"):]
   code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-  assert code == FIRE.read_text()
+  assert code == KERPLE.read_text()
+
+
+# --- Length extrapolation variants: FIRE, SHAPE, randomized positions ----------------------
+
+
+def test_fire_input_is_bounded_in_both_directions_and_the_papers_when_causal():
+  model = _model(position="fire", fire_hidden=8)
+  bias = model.encoder.layers[0].self_attention.position
+  positions = jnp.arange(200)[None]
+  normalized = np.asarray(bias.normalized_distances(positions, positions))[0]  # [q, k]
+  assert normalized.min() == 0.0 and normalized.max() <= 1.0 + 1e-6
+  # Where j <= i: the paper's psi(i - j) / psi(max(L, i)), c = 0.1 and L = 16 at start.
+  i, j = np.meshgrid(np.arange(200), np.arange(200), indexing="ij")
+  paper = np.log1p(0.1 * np.abs(i - j)) / np.log1p(0.1 * np.maximum(16, i))
+  np.testing.assert_allclose(normalized[j <= i], paper[j <= i], rtol=1e-5)
+  # Right of the query the paper's normalizer would exceed 1; here max(L, i, j) bounds it.
+  assert paper[j > i].max() > 2.0
+  np.testing.assert_allclose(normalized[0, 199], 1.0, rtol=1e-6)
+
+
+def test_fire_bias_is_the_mlp_of_the_normalized_distance_and_direction():
+  model = _model(position="fire", fire_hidden=8)
+  bias = model.encoder.layers[1].self_attention.position
+  positions = jnp.array([[0, 1, 5, 30]])
+  x = np.asarray(bias.normalized_distances(positions, positions))[0]
+  right = (positions[0][None, :] > positions[0][:, None]).astype(np.float32)
+  features = np.stack([x, x * right], -1)  # [q, k, 2]
+  hidden = np.maximum(features @ bias.hidden.kernel[...] + bias.hidden.bias[...], 0)
+  expected = hidden @ bias.out.kernel[...] + bias.out.bias[...]  # [q, k, heads]
+  np.testing.assert_allclose(bias(positions, positions)[0], np.moveaxis(expected, -1, 0),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_fire_learns_c_and_the_threshold():
+  config = tiny.get_config()
+  config.model.update(position="fire", fire_hidden=8)
+  batch = _random_batch(np.random.default_rng(2), 8, 16, config.task.vocab_size)
+  losses, state = updates_on_one_batch(config, batch, 4)
+  assert losses[-1] < losses[0]
+  leaves = {jax.tree_util.keystr(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]}
+  thresholds = [v for k, v in leaves.items() if k.endswith("['threshold']")]
+  log_cs = [v for k, v in leaves.items() if k.endswith("['log_c']")]
+  layers = config.model.num_encoder_layers + config.model.num_decoder_layers
+  assert len(thresholds) == len(log_cs) == layers  # one per self-attention layer
+  assert all(float(t) != 16.0 for t in thresholds)
+  assert all(abs(float(c) - np.log(0.1)) > 0 for c in log_cs)
+
+
+def _packed_positions() -> np.ndarray:
+  """Two rows: segments of 3 and 4 tokens then padding; one segment of 6 then padding."""
+  return np.array([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 0, 0]], np.int32)
+
+
+def _segments(positions: np.ndarray) -> list[tuple[int, int, int]]:
+  """(row, start, end) of each segment longer than one token."""
+  found = []
+  for row, line in enumerate(positions):
+    starts = list(np.flatnonzero(line == 0)) + [len(line)]
+    found += [(row, a, b) for a, b in zip(starts, starts[1:]) if b - a > 1]
+  return found
+
+
+@pytest.mark.parametrize("variant", ["shape", "randomized"])
+def test_stochastic_variants_evaluate_as_absolute(variant):
+  def build(position):
+    config = {**model_lib.default_config().to_dict(), **TINY, "position": position}
+    return model_lib.build_model(model_lib.TransformerConfig.from_config(config, VOCAB), 0)
+
+  absolute, model = build("absolute"), build(variant)
+  # The same parameters (the variant draws from the dropout stream, not the parameters') ...
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(absolute, nnx.Param)),
+                                                  jax.tree.leaves(nnx.state(model, nnx.Param))))
+  # ... and at evaluation the same encodings: 0..n-1, no shift, no sampling.
+  np.testing.assert_array_equal(model(INPUTS, INPUTS[:, :5]), absolute(INPUTS, INPUTS[:, :5]))
+
+
+def test_shape_shifts_each_segment_by_one_offset_in_training():
+  model = _model(position="shape", shape_max_shift=9)
+  embedding = model.encoder.position_embedding
+  positions = jnp.asarray(_packed_positions())
+  table = np.asarray(embedding(jnp.arange(40)[None], deterministic=True))[0]  # [40, d]
+  offsets = set()
+  for _ in range(5):
+    encoded = np.asarray(embedding(positions, deterministic=False))
+    for row, start, end in _segments(np.asarray(positions)):
+      # Which shifted position each token was encoded at.
+      at = [int(np.argmin(np.abs(table - vector).sum(-1))) for vector in encoded[row, start:end]]
+      offset = at[0]
+      assert at == list(range(offset, offset + end - start)) and 0 <= offset <= 9
+      np.testing.assert_allclose(encoded[row, start:end], table[at], atol=1e-6)
+      offsets.add(offset)
+  assert len(offsets) > 3  # drawn afresh per segment and call
+
+
+def test_randomized_draws_sorted_positions_below_l_per_segment_in_training():
+  model = _model(position="randomized", randomized_max_position=40)
+  embedding = model.decoder.position_embedding
+  positions = jnp.asarray(_packed_positions())
+  table = np.asarray(embedding(jnp.arange(40)[None], deterministic=True))[0]
+  drawn = []
+  for _ in range(5):
+    encoded = np.asarray(embedding(positions, deterministic=False))
+    for row, start, end in _segments(np.asarray(positions)):
+      at = [int(np.argmin(np.abs(table - vector).sum(-1))) for vector in encoded[row, start:end]]
+      np.testing.assert_allclose(encoded[row, start:end], table[at], atol=1e-6)
+      assert all(a < b for a, b in zip(at, at[1:])) and 0 <= at[0] and at[-1] < 40
+      drawn.append(tuple(at))
+  assert len(set(drawn)) > len(drawn) // 2 and max(max(d) for d in drawn) > 20
+
+
+def test_randomized_evaluates_at_the_stride():
+  model = _model(position="randomized", randomized_eval_stride=3)
+  positions = jnp.arange(5)[None]
+  np.testing.assert_array_equal(
+      model.encoder.position_embedding(positions, deterministic=True),
+      positions_lib.sinusoidal_position_encoding(positions * 3, 16))
+
+
+@pytest.mark.parametrize("variant", ["shape", "randomized"])
+def test_stochastic_variants_train_and_draw_from_the_models_rng(variant):
+  config = tiny.get_config()
+  config.model.position = variant
+  batch = _random_batch(np.random.default_rng(2), 8, 16, config.task.vocab_size)
+  losses, _ = updates_on_one_batch(config, batch, 4)
+  assert losses[-1] < losses[0]
+  # Training draws from the model's dropout stream: two calls differ, evaluation does not.
+  model = _model(position=variant, dropout_rate=0.0)
+  first = model(INPUTS, INPUTS[:, :5], deterministic=False)
+  assert np.abs(first - model(INPUTS, INPUTS[:, :5], deterministic=False)).max() > 1e-3
+  np.testing.assert_array_equal(model(INPUTS, INPUTS[:, :5]), model(INPUTS, INPUTS[:, :5]))

@@ -253,12 +253,13 @@ class Task:
     seed = int(np.random.SeedSequence([seed, self.config.shuffle_buffer_seed]
                                       ).generate_state(1)[0])
     source = grain.MapDataset.source(examples)
+    concat = self.config.get("concat_probability", 0.0)
     if self.config.packing:
       dataset = _packed_batches(source[shard_index::shard_count], batch_size // shard_count,
-                                self.config.max_length, seed)
+                                self.config.max_length, seed, concat)
     else:
       dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed,
-                                  shard_index, shard_count)
+                                  shard_index, shard_count, concat)
     return iter(grain.experimental.ThreadPrefetchIterDataset(
         dataset, prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
 
@@ -308,18 +309,49 @@ def _pad_rows(rows: Sequence[dict[str, np.ndarray]], num_rows: int,
   return batch
 
 
-def _shuffled_stream(examples: grain.MapDataset, seed: int) -> grain.MapDataset:
-  """Endless stream of the examples, in a new seeded order every epoch."""
-  return examples.seed(seed).shuffle().repeat()
+def _shuffled_stream(examples: grain.MapDataset, seed: int, concat_probability: float = 0.0,
+                     max_length: int = 0) -> grain.MapDataset:
+  """Endless stream of the examples, in a new seeded order every epoch; with
+  concat_probability > 0, some joined with another (`concatenated`)."""
+  stream = examples.seed(seed).shuffle().repeat()
+  if concat_probability > 0.0:
+    stream = concatenated(stream, examples, concat_probability, max_length, seed)
+  return stream
 
 
-def _packed_batches(examples: grain.MapDataset, rows: int, length: int,
-                    seed: int) -> grain.IterDataset:
+def join_pair(first: dict[str, np.ndarray], second: dict[str, np.ndarray]
+              ) -> dict[str, np.ndarray]:
+  """One training pair of two: each side the first's tokens without its final EOS, then the
+  second's (int32 [n1 - 1 + n2])."""
+  def without_eos(ids: np.ndarray) -> np.ndarray:
+    return ids[:-1] if len(ids) and ids[-1] == tokenizer_lib.EOS_ID else ids
+  return {k: np.concatenate([without_eos(first[k]), second[k]]).astype(np.int32)
+          for k in FEATURES}
+
+
+def concatenated(stream: grain.MapDataset, examples: grain.MapDataset, probability: float,
+                 max_length: int, seed: int) -> grain.MapDataset:
+  """Sentence concatenation (Kondo et al. 2021; Varis and Bojar 2021, "Sequence Length is a
+  Domain"): element i of `stream` is, with `probability`, joined (`join_pair`) with an example
+  of `examples` drawn uniformly, unless a side of the pair would exceed max_length tokens (then
+  it stays alone). Each element's draw comes from (seed, i) alone, so the stream stays a
+  MapDataset: checkpointed and resumed by its index like the plain one."""
+  def maybe_join(index: int, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, index, 0x636F6E63])  # "conc": not the shuffle's stream
+    if rng.random() >= probability:
+      return example
+    joined = join_pair(example, examples[int(rng.integers(len(examples)))])
+    return example if max(len(ids) for ids in joined.values()) > max_length else joined
+  return stream.map_with_index(maybe_join)
+
+
+def _packed_batches(examples: grain.MapDataset, rows: int, length: int, seed: int,
+                    concat_probability: float = 0.0) -> grain.IterDataset:
   """First-fit packing into `rows` bins of `length` tokens per side; one batch per window
   (an example that fits in no bin closes the batch and starts the next)."""
-  return packing.FirstFitPackedBatches(
-      _shuffled_stream(examples, seed).to_iter_dataset(_NO_PREFETCH), rows=rows,
-      length=length, seed=seed)
+  stream = _shuffled_stream(examples, seed, concat_probability, length)
+  return packing.FirstFitPackedBatches(stream.to_iter_dataset(_NO_PREFETCH), rows=rows,
+                                       length=length, seed=seed)
 
 
 class _Flatten(grain.experimental.FlatMapTransform):
@@ -332,7 +364,8 @@ class _Flatten(grain.experimental.FlatMapTransform):
 
 
 def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: int, seed: int,
-                      shard_index: int, shard_count: int) -> grain.IterDataset:
+                      shard_index: int, shard_count: int,
+                      concat_probability: float = 0.0) -> grain.IterDataset:
   """Length-bucketed global batches (the same on every host), this host's rows of each."""
 
   def sort_window(index: int, window: list[dict[str, np.ndarray]]) -> list[list]:
@@ -346,7 +379,7 @@ def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: i
   def host_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return shard_rows(_pad_rows(rows, batch_size, max_length), shard_index, shard_count)
 
-  windows = (_shuffled_stream(examples, seed)
+  windows = (_shuffled_stream(examples, seed, concat_probability, max_length)
              .batch(BUCKET_WINDOW_BATCHES * batch_size, batch_fn=list)
              .map_with_index(sort_window))
   return grain.experimental.FlatMapIterDataset(

@@ -6,7 +6,8 @@ asks it three things and nothing else:
   fields / check   its own `model.*` config fields (default, rule, doc) and the rules between
                    them and the rest of the model;
   embedding        a module whose output [batch or 1, n, emb_dim] is added to the token
-                   embeddings of each stack (absolute encodings), or None;
+                   embeddings of each stack (absolute encodings), or None; a
+                   `StochasticEmbedding` is also told whether it is training;
   self_attention   for one stack (the encoder: causal=False; the decoder: causal=True), one
                    `AttentionPosition` (or None) per layer. Returning the same instance for
                    several layers, or to both stacks, shares its parameters (NNX shared
@@ -71,6 +72,20 @@ class AttentionPosition(nnx.Module):
     """The bias and tables of the attention call."""
     del query_positions, key_positions
     return AttentionTerms()
+
+
+class StochasticEmbedding(nnx.Module):
+  """A position embedding that draws random numbers in training (SHAPE, randomized positions).
+
+  The model calls it as `module(positions, deterministic=...)` with positions int32
+  [batch, n] (broadcast to the batch, restarting at 0 per packed segment); any other embedding
+  module is called as `module(positions)`. With deterministic=True (evaluation, decoding) it
+  must depend on each position alone, so that cached decoding equals the full pass.
+  """
+
+  def __call__(self, positions: jax.Array, *, deterministic: bool) -> jax.Array:
+    """Encodings [batch, n, emb_dim] of positions int32 [batch, n]."""
+    raise NotImplementedError
 
 
 class Variant:
