@@ -48,6 +48,10 @@ ROWS: dict[str, dict[str, object]] = {
                    "randomized_eval_stride": 1},
 }
 
+# The rows of the ablation table when none are named: Shaw et al.'s and the later position
+# methods. Every row of ROWS can be named (--rows), e.g. the length-extrapolation ones.
+ABLATION_ROWS = ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi")
+
 # Task name -> base config (model size and data).
 BASES = {
     "synthetic": default.get_config,

@@ -60,17 +60,22 @@ from relpos.experiments import analysis
 from relpos.experiments import plots
 from relpos.experiments import report
 
+# Table name -> its rows when none are named.
 TABLES: dict[str, tuple[str, ...]] = {
-    "ablation": tuple(ablation.ROWS),
+    "ablation": ablation.ABLATION_ROWS,
     "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
 }
+
+
 def row_in_table(row: str, table: str) -> bool:
   """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
-  ablation table also any other registered position variant (a row of its own name)."""
+  ablation table any row of `configs/ablation.py` and any other registered position variant
+  (a row of its own name)."""
   if table == "k_sweep" and row.startswith("k="):
     ablation.row_overrides(row)  # a malformed k raises, naming the row
     return True
-  return row in TABLES[table] or (table == "ablation" and row in ablation.variant_rows())
+  return row in TABLES[table] or (
+      table == "ablation" and (row in ablation.ROWS or row in ablation.variant_rows()))
 
 
 # The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
@@ -378,7 +383,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
         runs.append(read_result(path))
       except ValueError as e:
         logging.warning("Left out of the table: %s", e)
-  order = {(t, r): i for i, (t, r) in enumerate((t, r) for t in TABLES for r in TABLES[t])}
+  order = {}
+  for key in ((t, r) for t in TABLES for r in (*TABLES[t], *ablation.ROWS)):
+    order.setdefault(key, len(order))
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
 
