@@ -6,7 +6,7 @@ it lowers the same 20 rounds unrolled. A loop makes XLA:CPU pass over the whole 
 iteration instead of fusing the rounds into one pass. Training draws a dropout mask per
 sublayer each step, so on CPU the loop is a measurable part of a step: the synthetic model's
 train step takes about 10% less time with the hash unrolled, and the quick start's table 11%
-less (docs/results.md, session 8).
+less (docs/results.md, measured at commit `95c6fd6`).
 
 `lower_threefry_unrolled_on_cpu()` registers the unrolled form as the CPU lowering. It is the
 hash of Salmon et al. (2011), "Parallel random numbers: as easy as 1, 2, 3", exactly as

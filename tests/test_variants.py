@@ -1,6 +1,6 @@
 """Tests for relpos.variants: the registry, a variant defined here (registered, trained, decoded
 with a cache), and a variant from the user's own file brought in by --import (train.py, eval.py,
-the experiments CLI), plus the README's worked example; and the length-extrapolation variants
+the experiments CLI), plus the worked example of docs/api.md; and the length-extrapolation variants
 (FIRE, SHAPE, randomized positions)."""
 import json
 import pathlib
@@ -190,9 +190,9 @@ def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
   assert "| kerple |" in (tmp_path / "table.md").read_text()
 
 
-def test_readme_worked_example_is_examples_kerple():
-  readme = (ROOT / "README.md").read_text()
-  section = readme[readme.index("## Adding a position variant"):]
+def test_docs_worked_example_is_examples_kerple():
+  api = (ROOT / "docs" / "api.md").read_text()
+  section = api[api.index("## Adding a position variant"):]
   code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
   assert code == KERPLE.read_text()
 
