@@ -21,6 +21,7 @@ from benchmarks import common
 from benchmarks import decode
 from benchmarks import profile
 from benchmarks import train_step
+from relpos import prng
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
@@ -180,6 +181,7 @@ def _write(path: str, text: str) -> None:
 
 def main(argv: list[str]) -> None:
   del argv
+  prng.lower_threefry_unrolled_on_cpu()  # as relpos's programs do (cli.start)
   unknown = set(_SECTIONS.value) - set(SECTIONS)
   if unknown:
     raise app.UsageError(f"--sections: unknown {sorted(unknown)}; allowed: {list(SECTIONS)}.")

@@ -48,7 +48,6 @@ from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
-from relpos import prng
 from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -56,10 +55,6 @@ from relpos.data import tokenizer as tokenizer_lib
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
 VALIDATION_SPLIT = "validation"
-
-# Dropout masks are jax.random draws: on CPU their Threefry hash compiles unrolled, the same
-# bits in less time (relpos.prng).
-prng.lower_threefry_unrolled_on_cpu()
 
 
 class NonFiniteError(FloatingPointError):

@@ -77,6 +77,21 @@ def test_draws_equal_those_of_jax_own_lowering_without_its_loop():
   assert unrolled["digests"] == rolled["digests"]
 
 
-def test_importing_relpos_train_registers_it():
-  import relpos.train  # noqa: F401  (its import registers the lowering)
-  assert not _compiled_bits_loop()
+STARTS_A_PROGRAM = """
+import jax
+from absl import flags
+import relpos.train
+from relpos import cli
+loops = lambda: " while(" in jax.jit(lambda k: jax.random.bits(k, (999,))).lower(
+    jax.random.key(1)).compile().as_text()
+after_import = loops()
+flags.FLAGS(["program"])
+cli.start("")
+print(after_import, loops())
+"""
+
+
+def test_a_program_start_registers_it_and_an_import_does_not():
+  out = subprocess.run([sys.executable, "-c", STARTS_A_PROGRAM], check=True,
+                       capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.split() == ["True", "False"]
