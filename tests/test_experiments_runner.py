@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -434,34 +433,3 @@ def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(tmp_path
   assert f"{path} is not a run's result ({reason}): delete it" in caplog.text
   with pytest.raises(ValueError, match=re.escape(f"{path} is not a run's result ({reason})")):
     runner.read_result(str(path))
-
-
-PARENT_OF_A_CHILD = """
-import sys, time
-from relpos.experiments import runner
-run = runner.Run("ablation", "abs", 0, sys.argv[1])
-child = runner._start_child(run, [sys.executable, "-c", "import time; time.sleep(60)"], {})
-print("child", child.pid, flush=True)
-time.sleep(60)
-"""
-
-
-def test_a_child_dies_with_its_table_killed_outright(tmp_path):
-  parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_CHILD, str(tmp_path / "w")],
-                            cwd=runner.ROOT, stdout=subprocess.PIPE, text=True)
-  child = int(next(line for line in parent.stdout if line.startswith("child ")).split()[1])
-  parent.kill()
-  parent.wait()
-  deadline = time.monotonic() + 10
-  while time.monotonic() < deadline and _alive(child):
-    time.sleep(0.1)
-  assert not _alive(child)
-
-
-def _alive(pid: int) -> bool:
-  """Whether `pid` is a live (not zombie) process."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split(") ")[1][0] != "Z"
-  except FileNotFoundError:
-    return False

@@ -37,6 +37,7 @@ from ml_collections import config_flags
 from configs import ablation
 from configs import default
 from relpos import cli
+from relpos.experiments import children
 from relpos.experiments import runner
 
 _IMPORT = cli.define_import_flag()  # first: its variants become rows and config fields
@@ -63,7 +64,7 @@ _RETRAIN_CHANGED = flags.DEFINE_bool(
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
-    f"starts each as a child process with {runner.MEMORY_FRACTION}/N of the accelerator memory.",
+    f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
     lower_bound=1)
 
 

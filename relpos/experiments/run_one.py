@@ -5,7 +5,7 @@ r"""Trains and evaluates one (row, seed) of a table in its workdir: the child pr
       --workdir=runs/ablation/runs/synthetic-ablation-rel_kv-seed0 --set=train.num_steps=100
 
 On SIGTERM it saves a checkpoint and exits with status 0 without a result; on Linux the table
-that starts it has the kernel send it SIGTERM when the table exits (`runner._start_child`), so
+that starts it has the kernel send it SIGTERM when the table exits (`children.start`), so
 a table killed outright does not leave its runs training.
 """
 

@@ -25,15 +25,12 @@ the children only read them. SIGINT or SIGTERM stops the children (they save a c
 returns; a second one kills them.
 """
 import ast
-import ctypes
 import json
 import dataclasses
 import datetime
 import math
 import os
-import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -57,6 +54,7 @@ from relpos import runtime
 from relpos import train
 from relpos.data import pipeline
 from relpos.experiments import analysis
+from relpos.experiments import children
 from relpos.experiments import plots
 from relpos.experiments import report
 
@@ -96,9 +94,6 @@ REPLACED_MARK = ".replaced-"
 # The orders a table's runs can go in: each row's seeds one after another, or each seed's pass
 # over the rows before the next seed (a whole table of one seed early).
 ORDERS = ("rows", "seeds")
-# The share of the accelerator's memory the children of `run_table(parallel=N)` split evenly.
-MEMORY_FRACTION = 0.9
-POLL_SECONDS = 0.5
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -449,129 +444,30 @@ def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list
           *(f"--set={format_override(k, v)}" for k, v in (overrides or {}).items())]
 
 
-def child_environment(parallel: int) -> dict[str, str]:
-  """This process's environment with relpos importable and XLA_PYTHON_CLIENT_MEM_FRACTION set
-  to MEMORY_FRACTION / parallel.
-
-  XLA still preallocates each child's share at its start, so the shares are fixed: a child
-  that needs more fails with an out-of-memory error naming itself instead of starving the
-  others (XLA_PYTHON_CLIENT_PREALLOCATE=false would let them grow into each other, and
-  fragment). On CPU the variable changes nothing.
-  """
-  env = dict(os.environ)
-  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{MEMORY_FRACTION / parallel:.3f}"
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-  return env
-
-
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-_PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
-
-
-def _exit_with(parent: int) -> None:
-  """In a child between fork and exec (Linux): the kernel sends it SIGTERM (it saves and
-  exits) when `parent` ends, however it ends; it exits at once when `parent` already has."""
-  _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  if os.getppid() != parent:
-    os._exit(1)
-
-
-def _start_child(run: Run, command: list[str], env: dict[str, str]) -> subprocess.Popen:
-  """Starts `command` with its output appended to the run's log, in a session of its own (a
-  terminal's Ctrl-C reaches only the table, which stops the children so that they save), and
-  tied to this process from its first instruction (`_exit_with`): a table killed outright
-  leaves no run training."""
-  os.makedirs(run.workdir, exist_ok=True)
-  tie = (lambda parent=os.getpid(): _exit_with(parent)) if _PRCTL is not None else None
-  with open(run.log, "a", encoding="utf-8") as log:
-    log.write(f"relpos: {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n")
-    log.flush()
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                               preexec_fn=tie)
-  print(f"relpos: started {run.name} (log: {run.log})", flush=True)
-  return process
-
-
-def _failure(returncode: int) -> str:
-  """Why a child process that wrote no result ended."""
-  if returncode < 0:
-    return f"killed by {signal.Signals(-returncode).name}"
-  if returncode == 0:
-    return "stopped before finishing; its checkpoint is saved"
-  return f"exit status {returncode}"
-
-
-class _StopSignals:
-  """Counts SIGINT and SIGTERM, instead of their default actions, while active (in the main
-  thread; elsewhere they keep their handlers)."""
-
-  def __init__(self):
-    self.count = 0
-    self._previous = {}
-
-  def _receive(self, *_) -> None:
-    self.count += 1
-
-  def __enter__(self) -> "_StopSignals":
-    if threading.current_thread() is threading.main_thread():
-      self._previous = {number: signal.signal(number, self._receive)
-                        for number in (signal.SIGINT, signal.SIGTERM)}
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    for number, handler in self._previous.items():
-      signal.signal(number, handler)
-
-
-def _stop_children(running: dict[subprocess.Popen, Run], signals: _StopSignals) -> None:
-  """SIGTERM to every running child (each saves a checkpoint and exits), then waits for them;
-  one more SIGINT or SIGTERM meanwhile kills them."""
-  if not running:
-    return
-  print(f"relpos: stopping {', '.join(run.name for run in running.values())}; rerun the same "
-        "command to resume.", flush=True)
-  received = signals.count
-  for process in running:
-    process.terminate()
-  while any(process.poll() is None for process in running):
-    if signals.count > received:
-      for process in running:
-        process.kill()
-    time.sleep(POLL_SECONDS)
-
-
 def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
                   output_dir: str, parallel: int) -> tuple[list[Run], bool]:
-  """Runs `runs` as child processes, up to `parallel` at once; results.json is rebuilt after
-  each finished one. A child that fails is reported with its log, and the others go on.
+  """Runs `runs` as child processes (`children.run_all`), up to `parallel` at once;
+  results.json is rebuilt after each finished one. A child that fails is reported with its
+  log, and the others go on.
 
   Returns:
     (the runs whose process ended without a result, whether SIGINT or SIGTERM stopped them).
   """
-  env = child_environment(parallel)
-  waiting, running, failed = list(runs), {}, []
-  started = time.monotonic()
-  with _StopSignals() as signals:
-    try:
-      while (waiting or running) and not signals.count:
-        while waiting and len(running) < parallel:
-          run = waiting.pop(0)
-          running[_start_child(run, child_command(run, task, overrides), env)] = run
-        time.sleep(POLL_SECONDS)
-        for process in [p for p in running if p.poll() is not None]:
-          run = running.pop(process)
-          done = len(runs) - len(waiting) - len(running)
-          if os.path.exists(run.result):
-            _print_finished(read_result(run.result), done, len(runs), started)
-            write_outputs(output_dir)
-          else:
-            failed.append(run)
-            print(f"relpos: run {done} of {len(runs)} failed: {run.name} "
-                  f"({_failure(process.returncode)}); log: {run.log}", flush=True)
-    finally:
-      _stop_children(running, signals)
-  return failed, signals.count > 0
+  failed, started = [], time.monotonic()
+
+  def ended(run: Run, returncode: int, done: int) -> None:
+    if os.path.exists(run.result):
+      _print_finished(read_result(run.result), done, len(runs), started)
+      write_outputs(output_dir)
+    else:
+      failed.append(run)
+      print(f"relpos: run {done} of {len(runs)} failed: {run.name} "
+            f"({children.failure(returncode)}); log: {run.log}", flush=True)
+
+  stopped = children.run_all(runs, command=lambda run: child_command(run, task, overrides),
+                             env=children.environment(parallel, ROOT), parallel=parallel,
+                             ended=ended)
+  return failed, stopped
 
 
 def _differences_from_request(run: Run, requested: ml_collections.ConfigDict) -> list[tuple]:

@@ -1,0 +1,142 @@
+"""Runs of a table as child processes, up to N at once (`run --parallel=N`).
+
+Each child runs one command with its output appended to its run's log, in a session of its own
+(a terminal's Ctrl-C reaches only the table, which stops the children so that they save), and
+tied to the table from before it starts (`PR_SET_PDEATHSIG` between fork and exec): a table
+killed outright leaves no run training. SIGINT or SIGTERM to the table stops the children (each
+saves a checkpoint); a second one kills them.
+
+A run is any object with `name` (str) and `log` (the file its child writes to).
+"""
+
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# The share of the accelerator's memory the children split evenly.
+MEMORY_FRACTION = 0.9
+POLL_SECONDS = 0.5
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
+
+
+def environment(parallel: int, source_root: str) -> dict[str, str]:
+  """This process's environment with `source_root` importable and
+  XLA_PYTHON_CLIENT_MEM_FRACTION set to MEMORY_FRACTION / parallel.
+
+  XLA still preallocates each child's share at its start, so the shares are fixed: a child
+  that needs more fails with an out-of-memory error naming itself instead of starving the
+  others (XLA_PYTHON_CLIENT_PREALLOCATE=false would let them grow into each other, and
+  fragment). On CPU the variable changes nothing.
+  """
+  env = dict(os.environ)
+  env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{MEMORY_FRACTION / parallel:.3f}"
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
+  return env
+
+
+def _exit_with(parent: int) -> None:
+  """In a child between fork and exec (Linux): the kernel sends it SIGTERM (it saves and
+  exits) when `parent` ends, however it ends; it exits at once when `parent` already has."""
+  _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+  if os.getppid() != parent:
+    os._exit(1)
+
+
+def start(run: Any, command: list[str], env: dict[str, str]) -> subprocess.Popen:
+  """Starts `command` as `run`'s child process (see the module docstring)."""
+  os.makedirs(os.path.dirname(run.log), exist_ok=True)
+  tie = (lambda parent=os.getpid(): _exit_with(parent)) if _PRCTL is not None else None
+  with open(run.log, "a", encoding="utf-8") as log:
+    log.write(f"relpos: {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n")
+    log.flush()
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                               preexec_fn=tie)
+  print(f"relpos: started {run.name} (log: {run.log})", flush=True)
+  return process
+
+
+def failure(returncode: int) -> str:
+  """Why a child process that wrote no result ended."""
+  if returncode < 0:
+    return f"killed by {signal.Signals(-returncode).name}"
+  if returncode == 0:
+    return "stopped before finishing; its checkpoint is saved"
+  return f"exit status {returncode}"
+
+
+class StopSignals:
+  """Counts SIGINT and SIGTERM, instead of their default actions, while active (in the main
+  thread; elsewhere they keep their handlers)."""
+
+  def __init__(self):
+    self.count = 0
+    self._previous = {}
+
+  def _receive(self, *_) -> None:
+    self.count += 1
+
+  def __enter__(self) -> "StopSignals":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {number: signal.signal(number, self._receive)
+                        for number in (signal.SIGINT, signal.SIGTERM)}
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    for number, handler in self._previous.items():
+      signal.signal(number, handler)
+
+
+def _stop(running: dict[subprocess.Popen, Any], signals: StopSignals) -> None:
+  """SIGTERM to every running child (each saves a checkpoint and exits), then waits for them;
+  one more SIGINT or SIGTERM meanwhile kills them."""
+  if not running:
+    return
+  print(f"relpos: stopping {', '.join(run.name for run in running.values())}; rerun the same "
+        "command to resume.", flush=True)
+  received = signals.count
+  for process in running:
+    process.terminate()
+  while any(process.poll() is None for process in running):
+    if signals.count > received:
+      for process in running:
+        process.kill()
+    time.sleep(POLL_SECONDS)
+
+
+def run_all(runs: Sequence[Any], *, command: Callable[[Any], list[str]], env: dict[str, str],
+            parallel: int, ended: Callable[[Any, int, int], None]) -> bool:
+  """Runs `command(run)` for every run as a child process, up to `parallel` at once.
+
+  Args:
+    runs: the runs, started in order.
+    command: the command line of a run's child.
+    env: the children's environment (`environment`).
+    parallel: how many at once.
+    ended: called as ended(run, its child's return code, how many runs have ended) for each.
+
+  Returns:
+    Whether SIGINT or SIGTERM stopped them (the running ones saved and the rest not started).
+  """
+  waiting, running, done = list(runs), {}, 0
+  with StopSignals() as signals:
+    try:
+      while (waiting or running) and not signals.count:
+        while waiting and len(running) < parallel:
+          run = waiting.pop(0)
+          running[start(run, command(run), env)] = run
+        time.sleep(POLL_SECONDS)
+        for process in [p for p in running if p.poll() is not None]:
+          done += 1
+          ended(running.pop(process), process.returncode, done)
+    finally:
+      _stop(running, signals)
+  return signals.count > 0
