@@ -239,13 +239,17 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
   before = {p: os.path.getmtime(p) for p in (os.path.join(workdir, "config.json"),
                                              checkpoints.checkpoint_dir(workdir))}
   listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
+  os.remove(os.path.join(workdir, "config.json"))  # nothing to compare the config with
   config = make_config(data_dir, {**KILL_RUN, "model.max_relative_position": 8})
   message = (r"parameter decoder/layers/0/self_attention/position/rel_key has shape "
              r"\(9, 8\) but the config builds \(17, 8\)")
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, workdir)
-  assert {p: os.path.getmtime(p) for p in before} == before
+  assert not os.path.exists(os.path.join(workdir, "config.json"))
+  assert {p: os.path.getmtime(p) for p in before if os.path.exists(p)} == {
+      p: t for p, t in before.items() if os.path.exists(p)}
   assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == listing
+  shutil.copy(os.path.join(reference, "config.json"), workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     edited = json.load(f)
   edited["model"]["max_relative_position"] = 8
@@ -268,6 +272,22 @@ def test_resuming_with_another_tokenizer_stops(field, value, before, reference, 
     train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["task"][field] == before
+
+
+def test_resuming_with_another_position_variant_stops(reference, data_dir, tmp_path):
+  """12 steps without positions and 4 with RoPE would be one checkpoint of no model."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
+  config = make_config(data_dir, {**KILL_RUN, "model.position": "rope", "train.num_steps": 34})
+  with pytest.raises(ValueError, match=(
+      rf"^config field model.position='rope' differs from the 'relative' that the checkpoints "
+      rf"in {workdir} were trained with \({workdir}/config.json\): the model would change under "
+      rf"its parameters. Resume with model.position='relative' or train in a new --workdir.$")):
+    train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model"]["position"] == "relative"
+  assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == listing
 
 
 def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):

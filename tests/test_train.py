@@ -271,3 +271,55 @@ def test_config_written_before_the_new_train_fields_still_validates():
   del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
   config_validation.validate(config)
   assert (config.train.grad_accumulation_steps, config.train.early_stopping_patience) == (1, 0)
+
+
+def _saved_run(tmp_path, edit=lambda saved: None) -> tuple[str, dict]:
+  """A workdir holding the tiny config's config.json after `edit(saved dict)`."""
+  config = tiny.get_config()
+  config_validation.validate(config)
+  saved = config.to_dict()
+  edit(saved)
+  with open(tmp_path / "config.json", "w", encoding="utf-8") as f:
+    json.dump(saved, f)
+  return str(tmp_path), saved
+
+
+@pytest.mark.parametrize("field, value", [("model.position", "rope"), ("model.dtype", "bfloat16"),
+                                          ("model.dropout_rate", 0.3),
+                                          ("model.max_relative_position", 8)])
+def test_a_model_field_changed_on_resume_stops(tmp_path, field, value):
+  workdir, saved = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.model[field.split(".")[1]] = value
+  config_validation.validate(config)
+  train.check_config_changes(config, workdir, resuming=False)  # nothing saved: a warning
+  before = saved["model"][field.split(".")[1]]
+  with pytest.raises(ValueError, match=(
+      rf"^config field {field}={value!r} differs from the {before!r} that the checkpoints in "
+      rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
+      rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
+    train.check_config_changes(config, workdir, resuming=True)
+
+
+def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, caplog):
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.model.attention_implementation = "xla"
+  config.train.update(learning_rate=0.001, num_steps=40)
+  config_validation.validate(config)
+  train.check_config_changes(config, workdir, resuming=True)
+  assert "model.attention_implementation='auto'->'xla'" in caplog.text
+  assert "train.learning_rate=0.002->0.001" in caplog.text
+
+
+def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default(tmp_path,
+                                                                                 caplog):
+  """A campaign resumed across commits: a field the old config.json lacks was its default."""
+  workdir, _ = _saved_run(tmp_path, lambda saved: saved["model"].pop("rope_base"))
+  config = tiny.get_config()
+  config_validation.validate(config)
+  train.check_config_changes(config, workdir, resuming=True)
+  assert "rope_base" not in caplog.text
+  config.model.rope_base = 500.0
+  with pytest.raises(ValueError, match=r"model.rope_base=500.0 differs from the 10000.0 "):
+    train.check_config_changes(config, workdir, resuming=True)
