@@ -231,3 +231,58 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
     evaluate.restore_model(workdir, config, "average:9", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
     evaluate.restore_model(workdir, config, "average:1", mesh)
+
+
+def test_output_names_say_what_was_evaluated():
+  assert evaluate.output_name("test", "latest", 12, 4, 0.6) == "test.latest.step12.beam4.alpha0.6"
+  assert evaluate.output_name("test", "average:2", 12, 4, 0.6) == (
+      "test.average2.step12.beam4.alpha0.6")
+  assert evaluate.output_name("test", 8, 8, 1, 0.0) == "test.step8.beam1.alpha0.0"
+  assert evaluate.output_name("input-test", "best", 6, 4, 0.6) == (
+      "input-test.best.step6.beam4.alpha0.6")
+
+
+def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
+  """A split, then a file of the same name, then the same file again, then another folder's
+  file of that name: three evaluations, three pairs of files; the repeat replaces its own."""
+  config, workdir, _ = run
+  mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+  sources = pipeline.get_task(config.task).source_texts("test")
+  for folder, count in ((mine, 3), (theirs, 2)):
+    folder.mkdir()
+    (folder / "test").write_text("\n".join(sources[:count]) + "\n", encoding="utf-8")
+  out = str(tmp_path / "out")
+  evaluate_test = lambda checkpoint=8, **kw: evaluate.evaluate_checkpoint(
+      workdir, checkpoint=checkpoint, beam_size=1, output_dir=out, **kw)
+  split = evaluate_test(split="test")
+  first = evaluate_test(input_file=str(mine / "test"))
+  again = evaluate_test(input_file=str(mine / "test"))
+  other = evaluate_test(input_file=str(theirs / "test"))
+  stem = os.path.join(out, "input-test.step8.beam1.alpha0.6")
+  assert split["translations_file"] == os.path.join(out, "test.step8.beam1.alpha0.6.txt")
+  assert first["translations_file"] == again["translations_file"] == stem + ".txt"
+  assert other["translations_file"] == stem + ".2.txt"
+  assert f"{stem}.json holds another evaluation; writing {stem}.2.json" in caplog.text
+  assert sorted(os.listdir(out)) == sorted(
+      f"{name}.{ext}" for name in ("test.step8.beam1.alpha0.6", "input-test.step8.beam1.alpha0.6",
+                                   "input-test.step8.beam1.alpha0.6.2") for ext in ("txt", "json"))
+  for result, count in ((split, config.task.synthetic.num_test), (again, 3), (other, 2)):
+    assert runtime.read_json(result["translations_file"][:-4] + ".json") == result
+    with open(result["translations_file"], encoding="utf-8") as f:
+      assert f.read().count("\n") == count
+  assert split["bleu"] >= 0 and "bleu" not in again
+  assert other["input_file"] == str(theirs / "test") and split["split"] == "test"
+  latest = evaluate_test(split="test", checkpoint="latest")
+  assert latest["translations_file"] == os.path.join(out, "test.latest.step12.beam1.alpha0.6.txt")
+
+
+def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_path,
+                                                                        monkeypatch):
+  _, workdir, _ = run
+  monkeypatch.setattr(evaluate, "restore_model", lambda *args: pytest.fail("restored"))
+  blocker = tmp_path / "file"
+  blocker.write_text("", encoding="utf-8")
+  with pytest.raises(OSError, match=(
+      rf"^eval output folder {blocker}/eval cannot be written \(Not a directory\): pass another "
+      r"--output_dir\.$")):
+    evaluate.evaluate_checkpoint(workdir, split="test", output_dir=str(blocker / "eval"))
