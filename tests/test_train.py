@@ -12,7 +12,9 @@ from jax.sharding import Mesh
 from configs import tiny
 from relpos import checkpoints
 from relpos import config_validation
+from relpos import evaluate
 from relpos import metrics_writer
+from relpos import runtime
 from relpos import train
 
 NUM_STEPS = 12
@@ -129,9 +131,9 @@ def test_run_writes_config_metrics_events_and_checkpoints(trained):
   assert train_losses[-1] < train_losses[0]
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   manager = checkpoints.make_manager(workdir, read_only=True)
-  # Last 2 (8, 12) plus the best by validation BLEU (6 or 12).
+  # The last 2 (8, 12); the best is kept besides (test_early_stopping_after_patience_evaluations:
+  # 12 steps translate every sentence empty, BLEU 0.0 at 6 and 12, a tie).
   assert set(manager.all_steps()) - {6} == {8, 12}
-  assert manager.best_step() in (6, 12)
   state = checkpoints.read_state(workdir)
   assert int(state["step"]) == NUM_STEPS and int(state["num_skipped"]) == 0
 
@@ -182,25 +184,47 @@ def updates_on_one_batch(config, batch, count: int) -> tuple[list[float], dict]:
   return losses, jax.device_get(state)
 
 
+# The largest relative loss gap to float32 over HALF_PRECISION_STEPS updates, measured
+# (bfloat16 3.9e-4, float16 7.1e-5), times about 2.5; and the relative gap of the updates (final
+# minus initial parameters, global norm of the difference over that of float32's), measured
+# (bfloat16 0.057, float16 0.0076), times about 2.5.
+HALF_PRECISION_STEPS = 5
+LOSS_RTOL = {"bfloat16": 1e-3, "float16": 2e-4}
+UPDATE_RTOL = {"bfloat16": 0.15, "float16": 0.02}
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_train_steps_stay_close_to_float32(dtype):
-  """Five updates on one batch: losses within 2% and parameters (float32 in both) within 0.01
-  of the float32 run; the optimizer state stays float32 (float16: under a loss scale)."""
+  """Five updates on one batch: the losses and the updates (final minus initial parameters,
+  float32 in both) close to the float32 run's, relative to their size; the optimizer state
+  stays float32 (float16: under a loss scale)."""
   config = tiny.get_config()
   batch = _random_batch(np.random.default_rng(1), 8, 16, config.task.vocab_size)
   runs = {}
   for run_dtype in ("float32", dtype):
     config.model.dtype = run_dtype
-    runs[run_dtype] = updates_on_one_batch(config, batch, 5)
+    runs[run_dtype] = updates_on_one_batch(config, batch, HALF_PRECISION_STEPS)
   (losses_32, state_32), (losses_16, state_16) = runs["float32"], runs[dtype]
   assert ("loss_scale" in state_16) == (dtype == "float16")
   assert int(state_16["num_skipped"]) == 0
   assert losses_32[-1] < losses_32[0]  # it learns
-  np.testing.assert_allclose(losses_16, losses_32, rtol=0.02)
+  loss_gap = np.max(np.abs(np.array(losses_16) / np.array(losses_32) - 1))
   assert {leaf.dtype for leaf in jax.tree.leaves(state_16["opt_state"])
           if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=0.01),
-               state_16["params"], state_32["params"])
+  initial = initial_params(config)
+  update = lambda state: jax.tree.map(np.subtract, state["params"], initial)
+  update_32, update_16 = update(state_32), update(state_16)
+  update_gap = float(optax.global_norm(jax.tree.map(np.subtract, update_16, update_32))
+                     / optax.global_norm(update_32))
+  assert loss_gap <= LOSS_RTOL[dtype]
+  assert update_gap <= UPDATE_RTOL[dtype]
+
+
+def initial_params(config) -> dict:
+  """The parameters `updates_on_one_batch` starts from, on the host."""
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  return jax.device_get(train.get_steps(mesh, config_validation.validate(config),
+                                        config.train).init(0)["params"])
 
 
 def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
@@ -263,7 +287,10 @@ def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypat
                        early_stopping_patience=2)
   result = train.train_and_evaluate(config, str(tmp_path))
   assert result["early_stopped"] and result["step"] == 8
-  assert checkpoints.make_manager(str(tmp_path), read_only=True).latest_step() == 8
+  manager = checkpoints.make_manager(str(tmp_path), read_only=True)
+  # The last 2 and the best (the lowest loss, at step 4), which evaluation's "best" restores.
+  assert (manager.latest_step(), manager.best_step(), manager.all_steps()) == (8, 4, [4, 6, 8])
+  assert evaluate.restore_model(str(tmp_path), config, "best", runtime.make_mesh())[1] == 4
 
 
 def test_config_written_before_the_new_train_fields_still_validates():
