@@ -641,6 +641,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
+      metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       write_config(config, workdir)
       runtime.write_imports(workdir)
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator)

@@ -1,6 +1,7 @@
 """Training: schedule, optimizer, loss, data parallelism, and tiny end-to-end runs."""
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -350,3 +351,22 @@ def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default
   config.model.rope_base = 500.0
   with pytest.raises(ValueError, match=r"model.rope_base=500.0 differs from the 10000.0 "):
     train.check_config_changes(config, workdir, resuming=True)
+
+
+def test_a_damaged_metrics_line_stops_a_resume_naming_it_before_any_write(trained, tmp_path):
+  config, workdir, _ = trained
+  resumed = str(tmp_path / "run")
+  shutil.copytree(workdir, resumed)
+  path = os.path.join(resumed, "metrics.jsonl")
+  with open(path, encoding="utf-8") as f:
+    lines = f.readlines()
+  lines[2] = lines[2].replace('"train"', '"tr\x01ain"')  # a byte a failing disk flipped
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(lines)
+  config_json = os.path.join(resumed, "config.json")
+  os.utime(config_json, (0, 0))
+  with pytest.raises(ValueError, match=(
+      rf"^{path}:3 is not a JSON record \(Invalid control character at: line 1 column \d+ "
+      r"\(char \d+\)\): repair or delete that line \(the checkpoints do not need it\)\.$")):
+    train.train_and_evaluate(tiny_config(config.task.tfds_data_dir, num_steps=16), resumed)
+  assert os.path.getmtime(config_json) == 0
