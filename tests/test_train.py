@@ -370,3 +370,16 @@ def test_a_damaged_metrics_line_stops_a_resume_naming_it_before_any_write(traine
       r"\(char \d+\)\): repair or delete that line \(the checkpoints do not need it\)\.$")):
     train.train_and_evaluate(tiny_config(config.task.tfds_data_dir, num_steps=16), resumed)
   assert os.path.getmtime(config_json) == 0
+
+
+def test_a_checkpoints_file_stops_training_and_evaluation_before_any_step(data_dir, tmp_path):
+  workdir = str(tmp_path)
+  (tmp_path / "checkpoints").write_text("", encoding="utf-8")
+  message = (rf"^{workdir}/checkpoints is a file, not a folder of checkpoints: move it aside or "
+             r"pass another --workdir\.$")
+  with pytest.raises(ValueError, match=message):
+    train.train_and_evaluate(tiny_config(data_dir), workdir)
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "train.lock"]
+  train.write_config(tiny_config(data_dir), workdir)
+  with pytest.raises(ValueError, match=message):
+    evaluate.evaluate_checkpoint(workdir, split="validation")
