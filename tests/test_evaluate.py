@@ -260,9 +260,10 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert first["translations_file"] == again["translations_file"] == stem + ".txt"
   assert other["translations_file"] == stem + ".2.txt"
   assert f"{stem}.json holds another evaluation; writing {stem}.2.json" in caplog.text
-  assert sorted(os.listdir(out)) == sorted(
-      f"{name}.{ext}" for name in ("test.step300.beam1.alpha0.6", "input-test.step300.beam1.alpha0.6",
-                                   "input-test.step300.beam1.alpha0.6.2") for ext in ("txt", "json"))
+  names = ("test.step300.beam1.alpha0.6", "input-test.step300.beam1.alpha0.6",
+           "input-test.step300.beam1.alpha0.6.2")
+  assert sorted(os.listdir(out)) == sorted(f"{name}.{ext}" for name in names
+                                           for ext in ("txt", "json"))
   for result, count in ((split, config.task.synthetic.num_test), (again, 3), (other, 2)):
     assert runtime.read_json(result["translations_file"][:-4] + ".json") == result
     with open(result["translations_file"], encoding="utf-8") as f:
