@@ -64,7 +64,14 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp
     workdir: the run's folder.
     keep: how many of the latest checkpoints to keep (the best one is kept besides).
     read_only: open for restoring only (evaluation): nothing is created or deleted.
+
+  Raises:
+    ValueError: `workdir/checkpoints` exists and is not a folder (naming it).
   """
+  directory = checkpoint_dir(workdir)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise ValueError(f"{directory} is a file, not a folder of checkpoints: move it aside or "
+                     "pass another --workdir.")
   policy = checkpoint_managers.AnyPreservationPolicy([
       checkpoint_managers.LatestN(n=keep),
       checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
@@ -76,7 +83,7 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp
       cleanup_tmp_directories=not read_only)
   handlers = {"state": ocp.StandardCheckpointHandler(),
               "data": grain_checkpoint.CheckpointHandler()}
-  return ocp.CheckpointManager(checkpoint_dir(workdir), item_handlers=handlers, options=options)
+  return ocp.CheckpointManager(directory, item_handlers=handlers, options=options)
 
 
 def _is_key(x: Any) -> bool:

@@ -166,6 +166,14 @@ def _check_ranges(config: ml_collections.ConfigDict) -> None:
                        f"model.max_len={config.model.max_len}.")
 
 
+def default(path: str) -> Any:
+  """The default of the config field at a dotted path (`fields.REQUIRED` when it has none, or
+  when no registered field has that path)."""
+  section, _, name = path.partition(".")
+  field = model_lib.all_fields().get(name) if section == "model" else FIELDS.get(path)
+  return fields.REQUIRED if field is None else field.default
+
+
 def validate(config: ml_collections.ConfigDict) -> model_lib.TransformerConfig:
   """Validates every field of a run config.
 

@@ -18,7 +18,6 @@ modules it imported with --import (named in `workdir/imports.json`, never code f
 workdir itself) are imported first.
 """
 import functools
-import json
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -296,6 +295,73 @@ def _file_sentences(input_file: str, reference_file: str | None
   return sources, references
 
 
+def _check_writable(output_dir: str) -> None:
+  """Creates `output_dir` and checks that a file can be written there, before any work.
+
+  Raises:
+    OSError: naming the folder, the reason and what to do.
+  """
+  probe = os.path.join(output_dir, f".write_test.{os.getpid()}")
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+    with open(probe, "w", encoding="utf-8"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    reason = e.strerror or type(e).__name__
+    raise OSError(f"eval output folder {output_dir} cannot be written ({reason}): pass another "
+                  "--output_dir.") from None
+
+
+def output_name(what: str, checkpoint: str | int, step: int, beam_size: int,
+                alpha: float) -> str:
+  """The name (without .txt / .json) of an evaluation's outputs:
+  `<what>[.<choice>].step<step>.beam<beam>.alpha<alpha>`.
+
+  Args:
+    what: the split, or "input-<file name>" for an input file.
+    checkpoint: the checkpoint asked for: "latest", "best" or "average:N" (written "averageN")
+      name a choice; a step number names none (the step says it).
+    step: the step evaluated (the last averaged one for "average:N").
+    beam_size, alpha: of the beam search.
+  """
+  choice = "" if isinstance(checkpoint, int) or str(checkpoint).isdigit() else (
+      "." + str(checkpoint).replace(":", ""))
+  return f"{what}{choice}.step{step}.beam{beam_size}.alpha{alpha}"
+
+
+# The fields of an evaluation's results that say what was evaluated: an output of the same
+# name whose JSON differs in one of them (or that has none) is another evaluation.
+IDENTITY_FIELDS = ("workdir", "checkpoint", "step", "split", "input_file", "reference_file",
+                   "beam_size", "alpha")
+
+
+def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
+  """Whether `json_path` holds the results of the evaluation `identity` describes."""
+  try:
+    saved = runtime.read_json(json_path)
+  except (OSError, ValueError):
+    return False
+  return isinstance(saved, dict) and all(saved.get(k) == v for k, v in identity.items())
+
+
+def output_stem(output_dir: str, name: str, identity: dict[str, Any]) -> str:
+  """The path (without .txt / .json) the outputs of an evaluation go to: `output_dir/name`,
+  or, when that holds another evaluation's outputs, the first free `output_dir/name.<n>` (n >= 2),
+  with a warning: an output is replaced only by the same evaluation run again."""
+  stem, n = os.path.join(output_dir, name), 1
+  while True:
+    candidate = stem if n == 1 else f"{stem}.{n}"
+    taken = any(os.path.exists(candidate + ext) for ext in (".txt", ".json"))
+    if not taken or _same_evaluation(candidate + ".json", identity):
+      break
+    n += 1
+  if candidate != stem:
+    logging.warning("%s.json holds another evaluation; writing %s.json and .txt instead.", stem,
+                    candidate)
+  return candidate
+
+
 def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split: str | None = None,
                         input_file: str | None = None, reference_file: str | None = None,
                         beam_size: int | None = None, alpha: float | None = None,
@@ -311,15 +377,19 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     reference_file: references for input_file, one a line (scores need them).
     beam_size: overrides decode.beam_size of the run.
     alpha: overrides decode.alpha of the run.
-    output_dir: where `<name>.step<step>.beam<beam>.alpha<alpha>.txt` (translations) and
-      `.json` (scores) go, <name> the split or the input file's name; default `workdir/eval`.
+    output_dir: where `<name>.txt` (translations) and `<name>.json` (results) go, <name> from
+      `output_name` (split or input file, checkpoint choice, step, beam, alpha); default
+      `workdir/eval`. Outputs of another evaluation under that name are kept: the new ones get
+      a free name (`output_stem`). Both files are written whole or not at all.
 
   Returns:
-    {"step", "checkpoint", "beam_size", "alpha", "num_sentences", "translations_file"} plus,
-    with references, "bleu", "signature", "chrf", "chrf_signature".
+    {"step", "checkpoint", "beam_size", "alpha", "num_sentences", "translations_file",
+    "workdir", "split", "input_file", "reference_file"} (absolute paths, None where not
+    given) plus, with references, "bleu", "signature", "chrf", "chrf_signature".
 
   Raises:
     FileNotFoundError: missing workdir, config.json, checkpoint or input file.
+    OSError: an output folder that cannot be written (before any work).
     ValueError: invalid arguments, an empty or non-UTF-8 input file or one with a line over
       MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture.
   """
@@ -333,37 +403,40 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
                      f"split={split!r}, input_file={input_file!r}.")
   task = pipeline.get_task(config.task)
+  if split is not None and split not in task.splits:
+    raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "
+                     f"allowed: {', '.join(task.splits)}.")
   if input_file is not None:  # Bad files fail before any work.
-    name = os.path.basename(input_file)
     sources, references = _file_sentences(input_file, reference_file)
     check_source_lengths(input_file, sources, task.tokenizer)
+  output_dir = output_dir or os.path.join(workdir, runtime.EVAL_DIR)
+  if jax.process_index() == 0:
+    _check_writable(output_dir)
   mesh = runtime.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
+  identity = {"workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
+              "split": split, "input_file": input_file and os.path.abspath(input_file),
+              "reference_file": reference_file and os.path.abspath(reference_file),
+              "beam_size": config.decode.beam_size, "alpha": config.decode.alpha}
+  what = split if split is not None else "input-" + os.path.basename(input_file)
+  stem = output_stem(output_dir, output_name(what, checkpoint, step, config.decode.beam_size,
+                                             config.decode.alpha), identity)
   if split is not None:
-    if split not in task.splits:
-      raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "
-                       f"allowed: {', '.join(task.splits)}.")
-    name, scores = split, score_split(model, task, split, config, mesh=mesh)
+    scores = score_split(model, task, split, config, mesh=mesh)
     translations = scores.pop("translations")
   else:
     translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
     scores = {} if references is None else score(translations, references)
-  output_dir = output_dir or os.path.join(workdir, runtime.EVAL_DIR)
-  stem = os.path.join(output_dir, f"{name}.step{step}.beam{config.decode.beam_size}"
-                                  f".alpha{config.decode.alpha}")
-  results = {"step": step, "checkpoint": str(checkpoint), "beam_size": config.decode.beam_size,
-             "alpha": config.decode.alpha, "num_sentences": len(translations),
+  results = {**identity, "num_sentences": len(translations),
              "translations_file": stem + ".txt", **scores}
   _write_outputs(stem, translations, results)
   return results
 
 
 def _write_outputs(stem: str, translations: Sequence[str], results: dict[str, Any]) -> None:
-  """`<stem>.txt` (one translation a line) and `<stem>.json` (results), from process 0."""
+  """`<stem>.txt` (one translation a line), then `<stem>.json` (results), each whole or not at
+  all, from process 0."""
   if jax.process_index() != 0:
     return
-  os.makedirs(os.path.dirname(stem), exist_ok=True)
-  with open(stem + ".txt", "w", encoding="utf-8") as f:
-    f.writelines(t + "\n" for t in translations)
-  with open(stem + ".json", "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=2)
+  runtime.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
+  runtime.write_json(stem + ".json", results, indent=2)

@@ -30,12 +30,30 @@ def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """Returns the records of `workdir/metrics.jsonl` (empty when there is none)."""
+  """Returns the records of `workdir/metrics.jsonl` (empty when there is none; an unended last
+  line, cut by a kill, is not a record).
+
+  Raises:
+    ValueError: a line that is not a JSON record, naming the file, the line and how to go on.
+  """
   path = os.path.join(workdir, runtime.METRICS_FILE)
   if not os.path.exists(path):
     return []
+  records = []
   with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.endswith("\n")]
+    for number, line in enumerate(f, start=1):
+      if not line.endswith("\n"):
+        break
+      try:
+        record = json.loads(line)
+      except ValueError as e:
+        record = e
+      if not isinstance(record, dict):
+        cause = f" ({record})" if isinstance(record, ValueError) else ""
+        raise ValueError(f"{path}:{number} is not a JSON record{cause}: repair or delete that "
+                         "line (the checkpoints do not need it).")
+      records.append(record)
+  return records
 
 
 def elapsed_seconds(records: list[dict[str, Any]]) -> float:

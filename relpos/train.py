@@ -45,6 +45,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import checkpoints
 from relpos import config_validation
 from relpos import evaluate
+from relpos import fields as fields_lib
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
@@ -410,35 +411,60 @@ def check_divisible(config: ml_collections.ConfigDict) -> None:
 
 # The fields that make the tokenizer (and the data): a run resumes only with the values its
 # checkpoints were trained with.
-RESUME_FIXED_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
-                       "task.spm_model_type", "task.spm_seed")
+TOKENIZER_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
+                    "task.spm_model_type", "task.spm_seed")
+# The `model.*` fields that only choose how the same function is computed: they may change on
+# resume. Every other `model.*` field (the architecture, the position variant and its fields,
+# dropout, the compute dtype) may not. Outside `model.*` and TOKENIZER_FIELDS a change (the
+# learning rate, the number of steps, batch sizes, the intervals, decoding) is a warning.
+RESUME_FREE_MODEL_FIELDS = ("model.attention_implementation",)
+
+
+def resume_fixed_reason(path: str) -> str | None:
+  """Why the config field at `path` may not change on resume, or None when it may."""
+  if path in TOKENIZER_FIELDS:
+    return "the tokenizer would change under the model"
+  if path.startswith("model.") and path not in RESUME_FREE_MODEL_FIELDS:
+    return "the model would change under its parameters"
+  return None
+
+
+def _saved_value(saved: dict[str, Any], path: str) -> Any:
+  """A field's value in a run's config.json (flattened); a field the file lacks (written
+  before the field existed) has its default, the value that reproduces that run."""
+  if path in saved:
+    return saved[path]
+  value = config_validation.default(path)
+  return None if value is fields_lib.REQUIRED else value
 
 
 def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
                          resuming: bool) -> None:
-  """Compares `config` with the config.json of the run's earlier start (when there is one),
-  warning about the fields that differ.
+  """Compares `config` (validated) with the config.json of the run's earlier start (when there
+  is one), warning about the fields that differ.
 
   Raises:
-    ValueError: (`resuming`) a field of RESUME_FIXED_FIELDS changed, naming it, both values and
-      the file; or the file is not a config (named).
+    ValueError: (`resuming`) a field with a `resume_fixed_reason` changed, naming it, both
+      values, the file and what to do; or the file is not a config (named).
   """
   path = os.path.join(workdir, runtime.CONFIG_FILE)
   if not os.path.exists(path):
     return
-  before = config_validation.flatten(evaluate.read_config_json(path).to_dict())
+  saved = config_validation.flatten(evaluate.read_config_json(path).to_dict())
   after = config_validation.flatten(config.to_dict())
-  changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-  fixed = [k for k in changed if k in RESUME_FIXED_FIELDS]
+  before = {k: _saved_value(saved, k) for k in saved.keys() | after.keys()}
+  changed = sorted(k for k in before if before[k] != after.get(k))
+  fixed = [k for k in changed if resume_fixed_reason(k)]
   if resuming and fixed:
+    field = fixed[0]
     raise ValueError(
-        f"config field {fixed[0]}={after.get(fixed[0])!r} differs from the "
-        f"{before.get(fixed[0])!r} that the checkpoints in {workdir} were trained with ({path}): "
-        "the tokenizer would change under the model. Resume with the old value or train in a "
+        f"config field {field}={after.get(field)!r} differs from the {before[field]!r} that "
+        f"the checkpoints in {workdir} were trained with ({path}): "
+        f"{resume_fixed_reason(field)}. Resume with {field}={before[field]!r} or train in a "
         "new --workdir.")
   if changed:
     logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
-        f"{k}={before.get(k)!r}->{after.get(k)!r}" for k in changed))
+        f"{k}={before[k]!r}->{after.get(k)!r}" for k in changed))
 
 
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -576,7 +602,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
     ValueError: an invalid config field, a workdir that is a file, checkpoints of another
-      architecture or tokenizer (RESUME_FIXED_FIELDS) in `workdir`, or written by another
+      architecture or tokenizer (`resume_fixed_reason`) in `workdir`, or written by another
       number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
@@ -600,6 +626,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
+      metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       write_config(config, workdir)
       runtime.write_imports(workdir)
       metrics_writer.record_start(workdir, int(state["step"]), runtime.source_commit())

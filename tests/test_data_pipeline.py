@@ -322,3 +322,47 @@ def test_concatenated_joins_at_the_probability_and_respects_max_length():
   # A pair longer than max_length on a side stays alone: the shortest join has 5 targets.
   short = pipeline.concatenated(source.repeat(), source, 1.0, 4, seed=5)
   assert all(len(short[i]["targets"]) == len(pairs[i]["targets"]) for i in range(50))
+
+
+def _damage(folder, damage: str) -> None:
+  """Damages a prepared dataset folder as a full disk or a partial copy would."""
+  shard = sorted(folder.glob("*-train.array_record-*"))[0]
+  if damage == "deleted shard":
+    shard.unlink()
+  elif damage == "shard cut to 1000 bytes":
+    shard.write_bytes(shard.read_bytes()[:1000])
+  elif damage == "shard cut to half":  # read back as examples without text, with no error
+    shard.write_bytes(shard.read_bytes()[:shard.stat().st_size // 2])
+  else:
+    (folder / "dataset_info.json").write_text("garbage{", encoding="utf-8")
+
+
+@pytest.mark.parametrize("damage, cause", [
+    ("deleted shard", r"open\(\) failed: No such file or directory"),
+    ("shard cut to 1000 bytes", r"ArrayRecord file should be at least 64KB big"),
+    ("shard cut to half", r"example 0 of split 'train' has no source text: a truncated shard"),
+    ("garbage dataset_info.json", r"Failed to load JSON")])
+def test_damaged_prepared_data_names_its_folder(task, tmp_path, damage, cause):
+  root = tmp_path / "data"
+  shutil.copytree(task.info.data_dir.rsplit("/synthetic_translation/", 1)[0], root)
+  folder = root / task.info.data_dir.rsplit("/synthetic_translation/", 1)[1].join(
+      ["synthetic_translation/", ""])
+  _damage(folder, damage)
+  with pytest.raises(datasets.DamagedDataError, match=(
+      rf"^prepared data in {folder} is damaged \({cause}.*\): move it aside \(mv {folder} "
+      rf"{folder}.damaged\) and run again to prepare it again.$")):
+    pipeline.Task(_task_config(root, max_length=32))
+  folder.rename(f"{folder}.damaged")  # what the message says: the next run prepares it again
+  again = pipeline.Task(_task_config(root, max_length=32))
+  assert again.source_texts("train") == task.source_texts("train")
+
+
+def test_damaged_tokenizer_is_set_aside_and_trained_again(task, tmp_path, caplog):
+  root = tmp_path / "data"
+  shutil.copytree(task.info.data_dir.rsplit("/synthetic_translation/", 1)[0], root)
+  path = root / "relpos_tokenizers" / task.tokenizer.path.rsplit("/", 1)[1]
+  path.write_bytes(b"garbage")
+  again = pipeline.Task(_task_config(root, max_length=32))
+  assert again.tokenizer.model_proto() == task.tokenizer.model_proto()
+  assert (root / "relpos_tokenizers" / (path.name + ".damaged")).read_bytes() == b"garbage"
+  assert f"{path} is not a SentencePiece model" in caplog.text

@@ -2,6 +2,7 @@
 rejects bad input with errors that name it."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,37 +26,31 @@ from relpos.data import tokenizer as tokenizer_lib
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  """(config, workdir, validation records by step) of a tiny run with evaluations at 6 and 12."""
-  config = tiny.get_config()
-  config.task.tfds_data_dir = str(tmp_path_factory.getbasetemp() / "relpos_data")
-  workdir = str(tmp_path_factory.mktemp("run"))
-  train.train_and_evaluate(config, workdir)
-  records = metrics_writer.read_metrics(workdir)
-  return config, workdir, {r["step"]: r for r in records if r["split"] == "validation"}
+@pytest.fixture(name="run")
+def run_fixture(translating_run):
+  """(config, workdir, validation records by step) of conftest's TRANSLATING_RUN: evaluations
+  at 100, 200, 300 and 400 with BLEU above 0, checkpoints 300 and 400."""
+  return translating_run
 
 
 def test_evaluate_reproduces_in_training_validation(run, tmp_path):
   _, workdir, validation = run
-  for checkpoint in ("latest", "best"):
+  assert validation[300]["bleu"] != validation[400]["bleu"]
+  for checkpoint, step in (("latest", 400), (300, 300), ("best", max(
+      (300, 400), key=lambda s: validation[s]["bleu"]))):
     result = evaluate.evaluate_checkpoint(workdir, checkpoint=checkpoint, split="validation",
                                           output_dir=str(tmp_path))
-    expected = validation[result["step"]]
+    assert result["step"] == step
     for key in ("bleu", "chrf", "signature", "num_sentences"):
-      assert result[key] == expected[key], key
-  assert evaluate.evaluate_checkpoint(workdir, checkpoint="latest", split="validation",
-                                      output_dir=str(tmp_path))["step"] == 12
-  best = evaluate.evaluate_checkpoint(workdir, checkpoint="best", split="validation",
-                                      output_dir=str(tmp_path))
-  assert best["bleu"] == max(validation[s]["bleu"] for s in validation)
+      assert result[key] == validation[step][key], key
+  assert result["bleu"] == max(validation[s]["bleu"] for s in validation)
 
 
 def test_outputs_one_translation_per_sentence_and_the_json(run, tmp_path):
   config, workdir, _ = run
-  result = evaluate.evaluate_checkpoint(workdir, checkpoint=8, split="test", beam_size=1,
+  result = evaluate.evaluate_checkpoint(workdir, checkpoint=300, split="test", beam_size=1,
                                         alpha=0.0, output_dir=str(tmp_path))
-  assert (result["step"], result["beam_size"], result["alpha"]) == (8, 1, 0.0)
+  assert (result["step"], result["beam_size"], result["alpha"]) == (300, 1, 0.0)
   with open(result["translations_file"], encoding="utf-8") as f:
     assert len(f.read().split("\n")) - 1 == config.task.synthetic.num_test
   with open(result["translations_file"][:-len(".txt")] + ".json", encoding="utf-8") as f:
@@ -82,10 +77,10 @@ def test_input_file_overlong_lines_are_translated(run, tmp_path):
 def test_input_file_line_beyond_the_source_bound_is_refused_naming_it(run, tmp_path):
   config, workdir, _ = run
   task_sources = pipeline.get_task(config.task).source_texts("validation")
-  document = " ".join(task_sources * 5)  # 2,451 tokens: a document pasted as one line
+  document = " ".join(task_sources * 5)  # 2,351 tokens: a document pasted as one line
   sources = tmp_path / "document.txt"
   sources.write_text("\n".join([task_sources[0], document]) + "\n", encoding="utf-8")
-  with pytest.raises(ValueError, match=r"document\.txt:2 has 2451 tokens, more than the 2048 "):
+  with pytest.raises(ValueError, match=r"document\.txt:2 has 2351 tokens, more than the 2048 "):
     evaluate.evaluate_checkpoint(workdir, input_file=str(sources), output_dir=str(tmp_path))
   assert list(tmp_path.iterdir()) == [sources]  # refused before any translation was written
 
@@ -157,7 +152,9 @@ def test_workdir_without_checkpoint(run, tmp_path):
 
 
 def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
-  _, workdir, validation = run
+  workdir = str(tmp_path / "run")
+  shutil.copytree(run[1], workdir)
+  validation = run[2]
   marker = tmp_path / "executed"
   for name in ("config.py", "__init__.py", "sitecustomize.py"):
     with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
@@ -168,7 +165,7 @@ def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
       cwd=workdir, capture_output=True, text=True, check=False, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout)
-  assert result["bleu"] == validation[12]["bleu"] and result["chrf"] == validation[12]["chrf"]
+  assert result["bleu"] == validation[400]["bleu"] and result["chrf"] == validation[400]["chrf"]
   assert not marker.exists()
   for folder, _, files in os.walk(workdir):
     for name in files:
@@ -221,13 +218,69 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
   manager.close()
   models = [evaluate.restore_model(workdir, config, step, mesh)[0] for step in last_two]
   averaged, step = evaluate.restore_model(workdir, config, "average:2", mesh)
-  assert step == last_two[-1] == 12
+  assert last_two == [300, 400] and step == 400
   want = jax.tree.map(lambda a, b: (a + b) / 2, *(nnx.state(m, nnx.Param) for m in models))
   jax.tree.map(np.testing.assert_allclose, nnx.state(averaged, nnx.Param), want)
   result = evaluate.evaluate_checkpoint(workdir, checkpoint="average:2", split="validation",
                                         output_dir=str(tmp_path))
-  assert result["checkpoint"] == "average:2" and result["step"] == 12
+  assert result["checkpoint"] == "average:2" and result["step"] == 400
   with pytest.raises(FileNotFoundError, match=r"holds \d checkpoints.*train\.keep_checkpoints"):
     evaluate.restore_model(workdir, config, "average:9", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
     evaluate.restore_model(workdir, config, "average:1", mesh)
+
+
+def test_output_names_say_what_was_evaluated():
+  assert evaluate.output_name("test", "latest", 12, 4, 0.6) == "test.latest.step12.beam4.alpha0.6"
+  assert evaluate.output_name("test", "average:2", 12, 4, 0.6) == (
+      "test.average2.step12.beam4.alpha0.6")
+  assert evaluate.output_name("test", 8, 8, 1, 0.0) == "test.step8.beam1.alpha0.0"
+  assert evaluate.output_name("input-test", "best", 6, 4, 0.6) == (
+      "input-test.best.step6.beam4.alpha0.6")
+
+
+def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
+  """A split, then a file of the same name, then the same file again, then another folder's
+  file of that name: three evaluations, three pairs of files; the repeat replaces its own."""
+  config, workdir, _ = run
+  mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+  sources = pipeline.get_task(config.task).source_texts("test")
+  for folder, count in ((mine, 3), (theirs, 2)):
+    folder.mkdir()
+    (folder / "test").write_text("\n".join(sources[:count]) + "\n", encoding="utf-8")
+  out = str(tmp_path / "out")
+  evaluate_test = lambda checkpoint=300, **kw: evaluate.evaluate_checkpoint(
+      workdir, checkpoint=checkpoint, beam_size=1, output_dir=out, **kw)
+  split = evaluate_test(split="test")
+  first = evaluate_test(input_file=str(mine / "test"))
+  again = evaluate_test(input_file=str(mine / "test"))
+  other = evaluate_test(input_file=str(theirs / "test"))
+  stem = os.path.join(out, "input-test.step300.beam1.alpha0.6")
+  assert split["translations_file"] == os.path.join(out, "test.step300.beam1.alpha0.6.txt")
+  assert first["translations_file"] == again["translations_file"] == stem + ".txt"
+  assert other["translations_file"] == stem + ".2.txt"
+  assert f"{stem}.json holds another evaluation; writing {stem}.2.json" in caplog.text
+  names = ("test.step300.beam1.alpha0.6", "input-test.step300.beam1.alpha0.6",
+           "input-test.step300.beam1.alpha0.6.2")
+  assert sorted(os.listdir(out)) == sorted(f"{name}.{ext}" for name in names
+                                           for ext in ("txt", "json"))
+  for result, count in ((split, config.task.synthetic.num_test), (again, 3), (other, 2)):
+    assert runtime.read_json(result["translations_file"][:-4] + ".json") == result
+    with open(result["translations_file"], encoding="utf-8") as f:
+      assert f.read().count("\n") == count
+  assert split["bleu"] >= 0 and "bleu" not in again
+  assert other["input_file"] == str(theirs / "test") and split["split"] == "test"
+  latest = evaluate_test(split="test", checkpoint="latest")
+  assert latest["translations_file"] == os.path.join(out, "test.latest.step400.beam1.alpha0.6.txt")
+
+
+def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_path,
+                                                                        monkeypatch):
+  _, workdir, _ = run
+  monkeypatch.setattr(evaluate, "restore_model", lambda *args: pytest.fail("restored"))
+  blocker = tmp_path / "file"
+  blocker.write_text("", encoding="utf-8")
+  with pytest.raises(OSError, match=(
+      rf"^eval output folder {blocker}/eval cannot be written \(Not a directory\): pass another "
+      r"--output_dir\.$")):
+    evaluate.evaluate_checkpoint(workdir, split="test", output_dir=str(blocker / "eval"))

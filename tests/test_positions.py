@@ -128,6 +128,30 @@ def test_sinusoid_is_not_the_t2t_timing_signal():
   np.testing.assert_allclose(gap[..., [0, 32]], 0, atol=1e-6)  # the first frequency is shared
 
 
+def _float64_angles(num_positions: int, dim: int, base: float = 10000.0) -> np.ndarray:
+  """p * base ** (-2c / dim) in float64: [num_positions, dim / 2]."""
+  exponents = -np.arange(0, dim, 2, dtype=np.float64) / dim
+  return np.arange(num_positions, dtype=np.float64)[:, None] * base ** exponents
+
+
+def test_sinusoid_angles_are_float64_accurate():
+  """Frequencies in float32 powers put the angles 3.3e-4 off at d = 64 below position 4,096;
+  computed in float64 and rounded once, only the float32 product's rounding (1.5e-4) is left."""
+  angles = _float64_angles(4096, 64)
+  encoding = positions.sinusoidal_position_encoding(jnp.arange(4096)[None], 64)[0]
+  expected = np.concatenate([np.sin(angles), np.cos(angles)], axis=-1)
+  assert np.abs(np.asarray(encoding, np.float64) - expected).max() < 1.6e-4
+
+
+def test_rope_angles_are_float64_accurate():
+  """x = (1, ..., 1, 0, ..., 0) rotates to (cos, sin) of the angles: 1.5e-4 off, not 3.3e-4."""
+  angles = _float64_angles(4096, 64)
+  x = jnp.concatenate([jnp.ones((1, 4096, 1, 32)), jnp.zeros((1, 4096, 1, 32))], axis=-1)
+  rotated = np.asarray(positions.apply_rope(x, jnp.arange(4096)[None]), np.float64)[0, :, 0]
+  expected = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
+  assert np.abs(rotated - expected).max() < 1.6e-4
+
+
 def test_rope_preserves_norm_and_is_relative():
   x = jax.random.normal(jax.random.key(0), (1, 2, 3, 8))  # [b, n, h, d]
   q, k = x[:, :1], x[:, 1:]

@@ -239,13 +239,17 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
   before = {p: os.path.getmtime(p) for p in (os.path.join(workdir, "config.json"),
                                              checkpoints.checkpoint_dir(workdir))}
   listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
+  os.remove(os.path.join(workdir, "config.json"))  # nothing to compare the config with
   config = make_config(data_dir, {**KILL_RUN, "model.max_relative_position": 8})
   message = (r"parameter decoder/layers/0/self_attention/position/rel_key has shape "
              r"\(9, 8\) but the config builds \(17, 8\)")
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, workdir)
-  assert {p: os.path.getmtime(p) for p in before} == before
+  assert not os.path.exists(os.path.join(workdir, "config.json"))
+  assert {p: os.path.getmtime(p) for p in before if os.path.exists(p)} == {
+      p: t for p, t in before.items() if os.path.exists(p)}
   assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == listing
+  shutil.copy(os.path.join(reference, "config.json"), workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     edited = json.load(f)
   edited["model"]["max_relative_position"] = 8
@@ -268,6 +272,22 @@ def test_resuming_with_another_tokenizer_stops(field, value, before, reference, 
     train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["task"][field] == before
+
+
+def test_resuming_with_another_position_variant_stops(reference, data_dir, tmp_path):
+  """12 steps without positions and 4 with RoPE would be one checkpoint of no model."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+  listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
+  config = make_config(data_dir, {**KILL_RUN, "model.position": "rope", "train.num_steps": 34})
+  with pytest.raises(ValueError, match=(
+      rf"^config field model.position='rope' differs from the 'relative' that the checkpoints "
+      rf"in {workdir} were trained with \({workdir}/config.json\): the model would change under "
+      rf"its parameters. Resume with model.position='relative' or train in a new --workdir.$")):
+    train.train_and_evaluate(config, workdir)
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["model"]["position"] == "relative"
+  assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == listing
 
 
 def test_cli_bad_config_value_writes_nothing(data_dir, tmp_path):
@@ -460,31 +480,34 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
 TWO_PROCESS_RUN = {"task.packing": False, "train.num_steps": 4, "train.checkpoint_every_steps": 2,
                    "train.log_every_steps": 1, "train.eval_every_steps": 100,
                    "decode.validation_bleu": False}
-# One of two processes (2 devices each): trains 2 steps, resumes to 4, scores the validation
-# split greedily.
+# One of two processes (2 devices each): trains 2 steps, resumes to 4, then scores the
+# validation split of a run that translates (conftest's translating_run) greedily.
 IN_TWO_PROCESSES = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from tests import test_reliability as t
 from relpos import evaluate, runtime, train
-data_dir, workdir, multihost = sys.argv[2:]
+data_dir, workdir, translating, output_dir, multihost = sys.argv[2:]
 runtime.initialize_distributed(multihost)
 config = t.make_config(data_dir, {**t.TWO_PROCESS_RUN, "train.num_steps": 2})
 train.train_and_evaluate(config, workdir)
 train.train_and_evaluate(t.make_config(data_dir, t.TWO_PROCESS_RUN), workdir)
-result = evaluate.evaluate_checkpoint(workdir, split="validation", beam_size=1)
+result = evaluate.evaluate_checkpoint(translating, split="validation", beam_size=1,
+                                      output_dir=output_dir)
 print(json.dumps(result))
 """
 
 
-def _in_two_processes(data_dir: str, workdir: str, environment: dict[str, str]) -> list[str]:
+def _in_two_processes(data_dir: str, workdir: str, translating: str, output_dir: str,
+                      environment: dict[str, str]) -> list[str]:
   """The stdout of each of two processes running IN_TWO_PROCESSES on `workdir`. Gloo gives up
   connecting after 30 s, which a loaded machine can exceed: that failure is retried once, in a
   fresh workdir on another port."""
   for attempt in (1, 2):
     address = f"localhost:{random.randrange(20000, 40000)}"
     processes = [subprocess.Popen(
-        [sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, f"{address},2,{index}"],
+        [sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, translating, output_dir,
+         f"{address},2,{index}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
         for index in range(2)]
@@ -499,11 +522,16 @@ def _in_two_processes(data_dir: str, workdir: str, environment: dict[str, str]) 
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, tmp_path):
+def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, translating_run,
+                                                        tmp_path):
   workdir, reference = str(tmp_path / "two"), str(tmp_path / "one")
   train.train_and_evaluate(make_config(data_dir, TWO_PROCESS_RUN), reference)  # 4 devices
-  expected = evaluate.evaluate_checkpoint(reference, split="validation", beam_size=1)
-  outputs = _in_two_processes(data_dir, workdir, environment)
+  translating = translating_run[1]
+  expected = evaluate.evaluate_checkpoint(translating, split="validation", beam_size=1,
+                                          output_dir=str(tmp_path / "eval_one"))
+  assert expected["bleu"] > 3.0  # translations to compare, not empty lines
+  outputs = _in_two_processes(data_dir, workdir, translating, str(tmp_path / "eval_two"),
+                              environment)
   results = [json.loads(stdout.strip().splitlines()[-1]) for stdout in outputs]
   assert sorted(os.listdir(os.path.join(checkpoints.checkpoint_dir(workdir), "4", "data"))) == [
       "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
@@ -515,8 +543,10 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, t
                checkpoints.read_state(workdir)["params"],
                checkpoints.read_state(reference)["params"])
   for result in results:
-    assert result["step"] == expected["step"] == 4
+    assert result["step"] == expected["step"] == 400
     assert result["bleu"] == expected["bleu"] and result["chrf"] == expected["chrf"]
   with open(results[0]["translations_file"], encoding="utf-8") as f, open(
       expected["translations_file"], encoding="utf-8") as g:
-    assert f.read() == g.read()
+    translations = f.read()
+    assert translations == g.read()
+  assert translations.count("\n") == 16 and "\n\n" not in translations  # none empty

@@ -7,11 +7,14 @@ the empty folders a failed build leaves, so nothing that looks like a dataset st
 """
 
 import dataclasses
+import glob
+import json
 import os
 from collections.abc import Iterator, Sequence
 
 import ml_collections
 import tensorflow_datasets as tfds
+from google.protobuf import json_format
 
 FILE_FORMAT = "array_record"
 SOURCE_KEY = "source"
@@ -87,3 +90,65 @@ def _remove_empty_parents(path: str, root: str) -> None:
         return
       os.rmdir(path)
     path = os.path.dirname(path)
+
+
+# What reading a damaged prepared dataset raises: a missing or truncated array_record shard
+# (RuntimeError from its C++ reader, OSError), a garbage dataset_info.json (protobuf's JSON
+# parser) or features.json (json).
+DAMAGE_ERRORS = (RuntimeError, OSError, json_format.Error, json.JSONDecodeError)
+
+
+class DamagedDataError(ValueError):
+  """A prepared dataset folder that cannot be read."""
+
+
+def damaged(folder: str, error: BaseException) -> DamagedDataError:
+  """The error for a prepared dataset `folder` that cannot be read: one line naming it, the
+  cause and how to prepare it again."""
+  cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return DamagedDataError(
+      f"prepared data in {folder} is damaged ({cause}): move it aside (mv {folder} "
+      f"{folder}.damaged) and run again to prepare it again.")
+
+
+def unreadable_info_folders(root: str) -> list[str]:
+  """The dataset folders under `root` (<name>/<config>/<version>) whose dataset_info.json is
+  not JSON."""
+  folders = []
+  for path in sorted(glob.glob(os.path.join(root, "*", "*", "*", "dataset_info.json"))):
+    try:
+      with open(path, encoding="utf-8") as f:
+        json.load(f)
+    except (OSError, ValueError):
+      folders.append(os.path.dirname(path))
+  return folders
+
+
+def check_readable(dataset: PairDataset) -> dict[str, Sequence[dict[str, bytes]]]:
+  """The data sources of `dataset` (`PairDataset.data_sources`), after reading the first and
+  the last example of every split: a missing or truncated shard fails here, before any work.
+
+  Raises:
+    DamagedDataError: naming the dataset's folder and how to prepare it again.
+  """
+  try:
+    sources = dataset.data_sources()
+    for split, source in sources.items():
+      for index in sorted({0, len(source) - 1}) if len(source) else ():
+        check_example(dataset, split, index, source[index])
+  except DAMAGE_ERRORS as e:
+    raise damaged(dataset.builder.data_dir, e) from None
+  return sources
+
+
+def check_example(dataset: PairDataset, split: str, index: int,
+                  example: dict[str, bytes | None]) -> None:
+  """Refuses an example whose text is missing: what a truncated shard reads as (no error).
+
+  Raises:
+    DamagedDataError: naming the dataset's folder, the split and the example.
+  """
+  for key in (dataset.source_key, dataset.target_key):
+    if example.get(key) is None:
+      raise damaged(dataset.builder.data_dir, OSError(
+          f"example {index} of split {split!r} has no {key} text: a truncated shard"))

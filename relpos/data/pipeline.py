@@ -22,6 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
+from google.protobuf import json_format
 
 from relpos.data import datasets
 from relpos.data import multi30k
@@ -111,6 +112,19 @@ def _check_vocab_size(tokenizer: tokenizer_lib.Tokenizer, vocab_size: int) -> No
                  tokenizer.vocab_size, vocab_size - 1)
 
 
+def _load(name: str, task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
+  """The task's prepared dataset (prepared first when missing).
+
+  Raises:
+    datasets.DamagedDataError: its dataset_info.json is not JSON, naming the folder.
+  """
+  try:
+    return _LOADERS[name](task_config, root)
+  except json_format.Error as e:  # TFDS reads dataset_info.json building the builder
+    folders = datasets.unreadable_info_folders(root) or [root]
+    raise datasets.damaged(folders[0], e) from None
+
+
 class Task:
   """A prepared translation task: its splits, texts, tokenizer and batch iterators."""
 
@@ -118,7 +132,8 @@ class Task:
     """Prepares the TFDS dataset and the tokenizer of `task_config` (config.task).
 
     Raises:
-      ValueError: an unknown task or language, or bad data files (named).
+      ValueError: an unknown task or language, or bad data files (named); a damaged prepared
+        dataset (`datasets.DamagedDataError`, naming its folder and how to prepare it again).
       FileNotFoundError: missing data files (named).
       RuntimeError: WMT14 is not prepared and TensorFlow is missing to prepare it.
     """
@@ -128,11 +143,11 @@ class Task:
     self.name = task_config.name
     self.config = task_config
     root = datasets.data_dir(task_config)
-    self._dataset = _LOADERS[self.name](task_config, root)
+    self._dataset = _load(self.name, task_config, root)
     builder = self._dataset.builder
     self.info = builder.info
     self.splits = self._dataset.splits
-    self._sources = self._dataset.data_sources()
+    self._sources = datasets.check_readable(self._dataset)
     self.tokenizer = tokenizer_lib.load_or_train_tokenizer(
         os.path.join(root, "relpos_tokenizers",
                      f"{builder.name}-{builder.builder_config.name}-{builder.version}-"
@@ -154,7 +169,9 @@ class Task:
     source = self._sources[split]
     keys = (self._dataset.source_key, self._dataset.target_key)
     for start in range(0, len(source), CHUNK):
-      examples = (source[i] for i in range(start, min(start + CHUNK, len(source))))
+      examples = [source[i] for i in range(start, min(start + CHUNK, len(source)))]
+      for i, example in enumerate(examples, start):
+        datasets.check_example(self._dataset, split, i, example)
       yield [(_text(e[keys[0]]), _text(e[keys[1]])) for e in examples]
 
   def _pairs(self, split: str) -> Iterator[tuple[str, str]]:

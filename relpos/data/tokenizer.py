@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
+from absl import logging
 
 PAD_ID = 0
 EOS_ID = 1
@@ -103,6 +104,9 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
     path: the `.model` file; its folder is created when missing.
     sentences: training text, read only when the model must be trained (e.g. a generator).
     vocab_size, model_type, seed: see `train_tokenizer`.
+
+  A cached file that SentencePiece cannot read (damaged) is moved to `<path>.damaged`, with a
+  warning, and the tokenizer trained again.
   """
   if not os.path.exists(path):
     tokenizer = train_tokenizer(sentences, vocab_size=vocab_size, model_type=model_type,
@@ -113,4 +117,15 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
       f.write(tokenizer.model_proto())
     os.replace(tmp, path)
   with open(path, "rb") as f:
-    return Tokenizer(f.read(), path)
+    proto = f.read()
+  try:
+    return Tokenizer(proto, path)
+  except RuntimeError as e:  # SentencePiece cannot parse the file
+    aside = f"{path}.damaged"
+    os.replace(path, aside)
+    logging.warning("%s is not a SentencePiece model (%s): moved to %s; training the tokenizer "
+                    "again (the same seeded training gives the same tokenizer).", path,
+                    str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
+                    aside)
+    return load_or_train_tokenizer(path, sentences, vocab_size=vocab_size,
+                                   model_type=model_type, seed=seed)
