@@ -12,7 +12,7 @@ import pytest
 
 from tools import gpu_job
 
-RUN = "ablation-abs-seed0"
+RUN = "synthetic-ablation-abs-seed0"
 
 
 def dry_run(tmp_path, results_root: str) -> tuple[subprocess.CompletedProcess, str]:
