@@ -30,11 +30,19 @@ QUIET_PACKAGES = ("orbax", "tensorflow_datasets", "grain")
 
 
 class LibraryNoiseFilter(python_logging.Filter):
-  """Drops records below ERROR logged from a module of QUIET_PACKAGES."""
+  """Drops records below ERROR logged from a module of QUIET_PACKAGES, and Orbax's records of
+  an OSError or ValueError with its traceback: a failed background save, which Orbax logs from
+  each thread it passes through and raises where relpos waits for it, as one line naming the
+  checkpoint and step (`relpos.checkpoints.wait`)."""
 
   def filter(self, record: python_logging.LogRecord) -> bool:
     parts = record.pathname.split(os.sep)
-    return record.levelno >= python_logging.ERROR or not any(p in parts for p in QUIET_PACKAGES)
+    if not any(p in parts for p in QUIET_PACKAGES):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    if "orbax" in parts and isinstance(error, (OSError, ValueError)):
+      return False
+    return record.levelno >= python_logging.ERROR
 
 
 LIBRARY_NOISE = LibraryNoiseFilter()

@@ -757,7 +757,7 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         result["preempted"] = True
         break
     recorder.flush()
-  manager.wait_until_finished()
+  checkpoints.wait(manager)
   if preemption.signal == "SIGINT":
     raise KeyboardInterrupt(f"saved step {result['step']} to {manager.directory}; run the same "
                             "command again to resume.")

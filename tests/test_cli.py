@@ -88,6 +88,18 @@ def test_start_drops_the_warnings_of_orbax_tfds_and_grain(parsed_flags):
   assert absl_logger.filter(_record(relpos, python_logging.WARNING))
 
 
+def test_start_drops_orbax_records_of_a_failed_save_that_relpos_raises(parsed_flags):
+  cli.start("")
+  absl_logger = logging.get_absl_logger()
+  future = "/venv/site-packages/orbax/checkpoint/_src/futures/future.py"
+  failed = _record(future, python_logging.ERROR)
+  failed.exc_info = (OSError, OSError(28, "No space left on device"), None)
+  assert not absl_logger.filter(failed)
+  other = _record(future, python_logging.ERROR)
+  other.exc_info = (KeyError, KeyError("x"), None)
+  assert absl_logger.filter(other)  # not one that relpos raises: kept
+
+
 def test_start_keeps_an_explicit_verbosity(parsed_flags):
   parsed_flags["verbosity"].parse("1")  # as --verbosity=1 would
   cli.start("")
