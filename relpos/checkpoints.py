@@ -254,7 +254,7 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
   """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones.
 
   A checkpoint whose folder vanishes while it is read (removed by a run training in the
-  workdir meanwhile) is skipped without a warning.
+  workdir meanwhile) is skipped with a one-line warning naming it.
 
   Args:
     manager: from `make_manager`.
@@ -276,6 +276,9 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
       if os.path.isdir(step_dir(manager, candidates[0])):
         damaged[candidates[0]] = str(e)
         logging.warning("%s Trying the checkpoint before it.", e)
+      else:
+        logging.warning("Checkpoint %s was deleted while it was read (by the run training "
+                        "there); trying the one before it.", step_dir(manager, candidates[0]))
       manager.reload()
   if damaged:
     raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "

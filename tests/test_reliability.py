@@ -375,6 +375,8 @@ def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference
   manager.close()
   assert (step, damaged) == (28, [])
   assert "damaged" not in caplog.text  # a vanished checkpoint is no damage
+  assert (f"Checkpoint {workdir}/checkpoints/30 was deleted while it was read (by the run "
+          "training there); trying the one before it.") in caplog.text
 
 
 def _damage(kind: str, step_dir: str) -> str:
