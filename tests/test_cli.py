@@ -116,7 +116,8 @@ def _unretrieved_read(folder) -> None:
   folder.mkdir(parents=True)
   (folder / "reader.py").write_text(FAILING_READ)
   namespace = {}
-  exec(compile(FAILING_READ, str(folder / "reader.py"), "exec"), namespace)  # pylint: disable=exec-used
+  code = compile(FAILING_READ, str(folder / "reader.py"), "exec")
+  exec(code, namespace)  # pylint: disable=exec-used
   loop = asyncio.new_event_loop()
   task = loop.create_task(namespace["read"]())
   loop.run_until_complete(asyncio.sleep(0))

@@ -205,7 +205,8 @@ class FailingVariant(variants.Variant):
 def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path, monkeypatch):
   """Its bias of the wrong shape was an XLA broadcasting error naming no variant, after
   config.json and imports.json; its exception a traceback."""
-  monkeypatch.setattr(interface, "_REGISTRY", dict(interface._REGISTRY))  # pylint: disable=protected-access
+  registry = dict(interface._REGISTRY)  # pylint: disable=protected-access
+  monkeypatch.setattr(interface, "_REGISTRY", registry)
   variants.register("wrong_bias")(WrongBiasVariant)
   variants.register("failing")(FailingVariant)
   config = tiny.get_config()
