@@ -116,11 +116,47 @@ def save(manager: ocp.CheckpointManager, state: dict[str, PyTree],
 
   The arrays are copied to host memory before this returns (so their buffers may be donated
   next) and written in the background; the iterator state is read synchronously.
+
+  Raises:
+    OSError: this save, or the one before it (still in the background), failed: a full disk,
+      a folder that cannot be written (`save_failed`).
   """
+  wait(manager)
   step = int(state["step"])
   args = ocp.args.Composite(state=ocp.args.StandardSave(keys_to_data(state)),
                             data=grain_checkpoint.CheckpointSave(data_iterator))
-  manager.save(step, args=args, metrics=metrics, force=True)
+  try:
+    manager.save(step, args=args, metrics=metrics, force=True)
+  except (OSError, ValueError) as e:
+    raise save_failed(manager, step, e) from e
+
+
+def wait(manager: ocp.CheckpointManager) -> None:
+  """Waits until the save in the background (if any) is complete.
+
+  Orbax logs the error of a failed background save, with its traceback, from each thread it
+  passes through (`relpos.cli` keeps those records from a user) and raises it here.
+
+  Raises:
+    OSError: the save failed (`save_failed`).
+  """
+  in_flight = manager.latest_step()  # a save in flight is the newest step until it fails
+  try:
+    manager.wait_until_finished()
+  except (OSError, ValueError) as e:
+    raise save_failed(manager, in_flight, e) from e
+
+
+def save_failed(manager: ocp.CheckpointManager, step: int | None,
+                error: BaseException) -> OSError:
+  """The error of a failed save: one line naming the checkpoint folder, the step, the cause
+  (`short_cause`: a full disk's errno and file) and the last checkpoint kept."""
+  saved = sorted(set(manager.all_steps()) - {step})
+  kept = (f"the last complete checkpoint is step {saved[-1]}" if saved
+          else "no checkpoint was saved before it")
+  return OSError(f"saving the checkpoint of step {step} in {manager.directory} failed: "
+                 f"{short_cause(error).rstrip('.')}; {kept}: make room (or fix the folder) and "
+                 "run the same command again to resume.")
 
 
 def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
@@ -218,7 +254,7 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
   """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones.
 
   A checkpoint whose folder vanishes while it is read (removed by a run training in the
-  workdir meanwhile) is skipped without a warning.
+  workdir meanwhile) is skipped with a one-line warning naming it.
 
   Args:
     manager: from `make_manager`.
@@ -240,6 +276,9 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
       if os.path.isdir(step_dir(manager, candidates[0])):
         damaged[candidates[0]] = str(e)
         logging.warning("%s Trying the checkpoint before it.", e)
+      else:
+        logging.warning("Checkpoint %s was deleted while it was read (by the run training "
+                        "there); trying the one before it.", step_dir(manager, candidates[0]))
       manager.reload()
   if damaged:
     raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "

@@ -4,6 +4,7 @@ import logging as python_logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -30,14 +31,40 @@ QUIET_PACKAGES = ("orbax", "tensorflow_datasets", "grain")
 
 
 class LibraryNoiseFilter(python_logging.Filter):
-  """Drops records below ERROR logged from a module of QUIET_PACKAGES."""
+  """Drops records below ERROR logged from a module of QUIET_PACKAGES, and Orbax's records of
+  an OSError or ValueError with its traceback: a failed background save, which Orbax logs from
+  each thread it passes through and raises where relpos waits for it, as one line naming the
+  checkpoint and step (`relpos.checkpoints.wait`)."""
 
   def filter(self, record: python_logging.LogRecord) -> bool:
     parts = record.pathname.split(os.sep)
-    return record.levelno >= python_logging.ERROR or not any(p in parts for p in QUIET_PACKAGES)
+    if not any(p in parts for p in QUIET_PACKAGES):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    if "orbax" in parts and isinstance(error, (OSError, ValueError)):
+      return False
+    return record.levelno >= python_logging.ERROR
 
 
 LIBRARY_NOISE = LibraryNoiseFilter()
+
+
+class UnretrievedReadFilter(python_logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" records of an OSError or ValueError
+  raised in Orbax's code: the sibling reads of a checkpoint read that failed (a checkpoint that
+  training deleted while `eval.py` read it), whose first error Orbax raised and relpos handled
+  (`relpos.checkpoints.restore_newest`). Each carried a tensorstore spec of 1,000 characters."""
+
+  def filter(self, record: python_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if not (isinstance(error, (OSError, ValueError))
+            and str(record.msg).startswith("Task exception was never retrieved")):
+      return True
+    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+    return not any(f"{os.sep}orbax{os.sep}" in name for name in files)
+
+
+UNRETRIEVED_READS = UnretrievedReadFilter()
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -134,7 +161,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def start(multihost: str = "") -> None:
   """A program's start-up: quiets library INFO logs and the warnings of QUIET_PACKAGES unless
-  --verbosity was given, compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
+  --verbosity was given, drops asyncio's reports of Orbax reads left unretrieved
+  (`UnretrievedReadFilter`), compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
   same bits in less time, `relpos.prng`), then joins a multi-process run.
 
   Library logs (Orbax, TFDS, absl) would break the progress bar and drown the one line per run.
@@ -145,6 +173,7 @@ def start(multihost: str = "") -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
+  python_logging.getLogger("asyncio").addFilter(UNRETRIEVED_READS)
   prng.lower_threefry_unrolled_on_cpu()
   runtime.initialize_distributed(multihost)
 

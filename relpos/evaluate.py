@@ -35,6 +35,7 @@ from sacrebleu import metrics as sacrebleu_metrics
 from relpos import checkpoints
 from relpos import config_validation
 from relpos import decode
+from relpos import model as model_lib
 from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -391,14 +392,15 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     FileNotFoundError: missing workdir, config.json, checkpoint or input file.
     OSError: an output folder that cannot be written (before any work).
     ValueError: invalid arguments, an empty or non-UTF-8 input file or one with a line over
-      MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture.
+      MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture, a position variant of
+      the user's own that fails a trial (`model.check_variant`).
   """
   config = load_run_config(workdir)
   if beam_size is not None:
     config.decode.beam_size = beam_size
   if alpha is not None:
     config.decode.alpha = alpha
-  config_validation.validate(config)
+  model_lib.check_variant(config_validation.validate(config))
   if (split is None) == (input_file is None):
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
                      f"split={split!r}, input_file={input_file!r}.")

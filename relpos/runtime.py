@@ -199,6 +199,13 @@ def _origin(spec: str) -> str | None:
   return None if found is None else found.origin
 
 
+def _exit_words(code: Any) -> str:
+  """How a module's `sys.exit(code)` is told: "exited with status 3", or with its message."""
+  if code is None or isinstance(code, int):
+    return f"exited with status {code or 0}"
+  return f"exited ({code})"
+
+
 def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> None:
   """Imports the user's modules (a module name, or a path to a .py file), e.g. a position
   variant's, and records them for `imported`.
@@ -208,8 +215,8 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
     refuse_under: a folder whose code must never run (a workdir being evaluated).
 
   Raises:
-    ValueError: a module that cannot be found or imported, or that lies under `refuse_under`,
-      naming it.
+    ValueError: a module that cannot be found or imported, exits (`sys.exit`) while imported,
+      or lies under `refuse_under`, naming it.
   """
   for spec in specs:
     origin = _origin(spec)
@@ -226,6 +233,8 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
         _import_file(origin)
       else:
         importlib.import_module(spec)
+    except SystemExit as e:  # sys.exit() in the user's module: not a silent end of the program
+      raise ValueError(f"--import={spec} {_exit_words(e.code)} while being imported.") from None
     except Exception as e:  # the user's code: any error is theirs, named in one line
       raise ValueError(f"--import={spec}: importing it failed: {type(e).__name__}: {e}") from e
     recorded = origin if _is_file(spec) else spec

@@ -601,7 +601,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
-    ValueError: an invalid config field, a workdir that is a file, checkpoints of another
+    ValueError: an invalid config field, a position variant of the user's own that fails a
+      trial (`model.check_variant`), a workdir that is a file, checkpoints of another
       architecture or tokenizer (`resume_fixed_reason`) in `workdir`, or written by another
       number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
@@ -613,6 +614,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   started = time.perf_counter()
   model_config = config_validation.validate(config)
   check_divisible(config)
+  model_lib.check_variant(model_config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
@@ -755,7 +757,7 @@ def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.
         result["preempted"] = True
         break
     recorder.flush()
-  manager.wait_until_finished()
+  checkpoints.wait(manager)
   if preemption.signal == "SIGINT":
     raise KeyboardInterrupt(f"saved step {result['step']} to {manager.directory}; run the same "
                             "command again to resume.")

@@ -1,5 +1,7 @@
 """Tests for relpos.cli: the start-up of the command-line programs, and each user mistake
 ending the program with one line."""
+import asyncio
+import gc
 import json
 import logging as python_logging
 import os
@@ -60,6 +62,7 @@ def parsed_flags():
   flags.FLAGS.mark_as_parsed()
   yield flags.FLAGS
   absl_logger.removeFilter(cli.LIBRARY_NOISE)
+  python_logging.getLogger("asyncio").removeFilter(cli.UNRETRIEVED_READS)
   flags.FLAGS["verbosity"].present = 0
   if not was_parsed:
     flags.FLAGS.unparse_flags()
@@ -86,6 +89,51 @@ def test_start_drops_the_warnings_of_orbax_tfds_and_grain(parsed_flags):
   assert not absl_logger.filter(_record(tfds, python_logging.WARNING))
   assert absl_logger.filter(_record(orbax, python_logging.ERROR))
   assert absl_logger.filter(_record(relpos, python_logging.WARNING))
+
+
+def test_start_drops_orbax_records_of_a_failed_save_that_relpos_raises(parsed_flags):
+  cli.start("")
+  absl_logger = logging.get_absl_logger()
+  future = "/venv/site-packages/orbax/checkpoint/_src/futures/future.py"
+  failed = _record(future, python_logging.ERROR)
+  failed.exc_info = (OSError, OSError(28, "No space left on device"), None)
+  assert not absl_logger.filter(failed)
+  other = _record(future, python_logging.ERROR)
+  other.exc_info = (KeyError, KeyError("x"), None)
+  assert absl_logger.filter(other)  # not one that relpos raises: kept
+
+
+FAILING_READ = """
+async def read():
+  raise ValueError("NOT_FOUND: Error opening \\"zarr3\\" driver: checkpoints/28/state is "
+                   "missing [tensorstore_spec='{...}']")
+"""
+
+
+def _unretrieved_read(folder) -> None:
+  """Runs `read` of FAILING_READ written in `folder`/reader.py as a task whose exception is never
+  retrieved (as the sibling reads of a failed checkpoint read are), then collects it."""
+  folder.mkdir(parents=True)
+  (folder / "reader.py").write_text(FAILING_READ)
+  namespace = {}
+  code = compile(FAILING_READ, str(folder / "reader.py"), "exec")
+  exec(code, namespace)  # pylint: disable=exec-used
+  loop = asyncio.new_event_loop()
+  task = loop.create_task(namespace["read"]())
+  loop.run_until_complete(asyncio.sleep(0))
+  loop.close()
+  del task
+  gc.collect()
+
+
+def test_start_drops_asyncio_reports_of_orbax_reads_left_unretrieved(parsed_flags, tmp_path,
+                                                                     caplog):
+  """eval.py beside training printed four of them, each with a tensorstore spec."""
+  cli.start("")
+  _unretrieved_read(tmp_path / "site-packages" / "orbax" / "checkpoint")
+  assert "never retrieved" not in caplog.text
+  _unretrieved_read(tmp_path / "mine")  # not Orbax's: kept
+  assert "Task exception was never retrieved" in caplog.text
 
 
 def test_start_keeps_an_explicit_verbosity(parsed_flags):

@@ -1,9 +1,11 @@
-"""Tests for relpos.data.multi30k: reading, the builder, download, and bad input."""
+"""Tests for relpos.data.multi30k: reading, the builder, download, and bad input; on a small
+made-up folder in the raw layout, and on the real data (../shared/data/multi30k) when present."""
 
 import functools
 import gzip
 import http.server
 import os
+import random
 import shutil
 import threading
 
@@ -23,15 +25,38 @@ def _write_gz(path, data: bytes):
     f.write(data)
 
 
-@pytest.fixture(scope="module")
+# A word and its translation: (English, German) of each slot of a made-up caption.
+SUBJECTS = [("man", "Mann"), ("woman", "Frau"), ("dog", "Hund"), ("child", "Kind"),
+            ("girl", "Mädchen"), ("boy", "Junge"), ("worker", "Arbeiter"), ("cat", "Katze")]
+COLORS = [("red", "roten"), ("blue", "blauen"), ("green", "grünen"), ("black", "schwarzen"),
+          ("white", "weißen"), ("yellow", "gelben")]
+ACTIONS = [("is holding", "hält"), ("is carrying", "trägt"), ("is looking at", "betrachtet"),
+           ("is painting", "malt"), ("is pulling", "zieht")]
+OBJECTS = [("ball", "Ball"), ("bag", "Beutel"), ("hat", "Hut"), ("kite", "Drachen"),
+           ("bicycle", "Fahrrad"), ("box", "Karton")]
+PLACES = [("in the park", "im Park"), ("on the street", "auf der Straße"),
+          ("at the beach", "am Strand"), ("near a fountain", "neben einem Brunnen")]
+
+
+def fake_captions(count: int, rng: random.Random) -> tuple[list[str], list[str]]:
+  """`count` made-up captions in English and their German translations, line for line."""
+  english, german = [], []
+  for _ in range(count):
+    (s_en, s_de), (c_en, c_de), (a_en, a_de), (o_en, o_de), (p_en, p_de) = (
+        rng.choice(words) for words in (SUBJECTS, COLORS, ACTIONS, OBJECTS, PLACES))
+    english.append(f"A {s_en} {a_en} a {c_en} {o_en} {p_en}.")
+    german.append(f"Ein {s_de} {a_de} einen {c_de} {o_de} {p_de}.")
+  return english, german
+
+
+@pytest.fixture(scope="session")
 def raw_dir(tmp_path_factory):
-  """The first lines of the shared Multi30K files (tiny and fast to build)."""
-  if not os.path.isdir(SHARED):
-    pytest.skip(f"Multi30K is not at {SHARED}")
+  """A small Multi30K folder in the layout of the real data (`<stem>.<lang>.gz`, one sentence
+  a line, line N of X.en translating line N of X.de), of made-up captions: no data needed."""
   directory = tmp_path_factory.mktemp("multi30k_raw")
+  rng = random.Random(0)
   for stem, n in NUM_LINES.items():
-    for lang in ("en", "de"):
-      lines = multi30k.read_lines(os.path.join(SHARED, f"{stem}.{lang}.gz"))[:n]
+    for lang, lines in zip(("en", "de"), fake_captions(n, rng)):
       _write_gz(directory / f"{stem}.{lang}.gz", ("\n".join(lines) + "\n").encode())
   return directory
 

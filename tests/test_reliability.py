@@ -48,6 +48,22 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+# The disk fills up while the checkpoint of step 4 is written: the write of its state's
+# _METADATA (in Orbax's background save) fails as a full disk's does.
+DISK_FULL_AT_STEP_4 = """
+import runpy, sys
+from orbax.checkpoint._src.path import async_path
+write_text = async_path.write_text
+async def full_disk(path, text):
+  if "/4." in str(path) and str(path).endswith("_METADATA"):
+    raise OSError(28, "No space left on device", str(path))
+  return await write_text(path, text)
+async_path.write_text = full_disk
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
   return str(tmp_path_factory.getbasetemp() / "relpos_data")
@@ -142,6 +158,26 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(reference, data_
   assert done.returncode == 0, done.stderr[-3000:]
   assert not any("tmp" in e for e in os.listdir(checkpoints.checkpoint_dir(workdir)))
   assert_same_run(workdir, reference)
+
+
+def test_full_disk_during_a_save_is_one_line_naming_the_step(data_dir, environment, tmp_path):
+  """Was three of Orbax's tracebacks, then the error of the file, naming no step."""
+  workdir = str(tmp_path / "run")
+  overrides = {**KILL_RUN, "train.num_steps": 6, "train.checkpoint_every_steps": 2}
+  command = train_command(workdir, data_dir, overrides)
+  done = subprocess.run([sys.executable, "-c", DISK_FULL_AT_STEP_4, *command[1:]],
+                        capture_output=True, text=True, check=False, env=environment)
+  folder = checkpoints.checkpoint_dir(workdir)
+  assert done.returncode == 1
+  assert "Traceback" not in done.stderr and "Save Finalize" not in done.stderr, (
+      done.stderr[-3000:])
+  assert done.stderr.strip().splitlines()[-1] == (
+      f"error: saving the checkpoint of step 4 in {folder} failed: [Errno 28] No space left on "
+      f"device: '{folder}/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/_METADATA'; the "
+      "last complete checkpoint is step 2: make room (or fix the folder) and run the same "
+      "command again to resume.")
+  state, _ = saved(workdir)
+  assert int(state["step"]) == 2
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -339,6 +375,8 @@ def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference
   manager.close()
   assert (step, damaged) == (28, [])
   assert "damaged" not in caplog.text  # a vanished checkpoint is no damage
+  assert (f"Checkpoint {workdir}/checkpoints/30 was deleted while it was read (by the run "
+          "training there); trying the one before it.") in caplog.text
 
 
 def _damage(kind: str, step_dir: str) -> str:

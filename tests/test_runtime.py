@@ -73,6 +73,20 @@ def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
     runtime.import_modules([str(module)], refuse_under=str(tmp_path))
 
 
+@pytest.mark.parametrize("body, words", [("sys.exit(3)", "exited with status 3"),
+                                         ("sys.exit()", "exited with status 0"),
+                                         ("sys.exit('no GPU here')", "exited (no GPU here)")])
+def test_import_of_a_module_that_exits_is_an_error_naming_it(body, words, tmp_path,
+                                                              monkeypatch):
+  monkeypatch.setattr(runtime, "_IMPORTED", [])
+  module = tmp_path / "leaving.py"
+  module.write_text(f"import sys\n{body}\n")
+  with pytest.raises(ValueError) as raised:
+    runtime.import_modules([str(module)])
+  assert str(raised.value) == f"--import={module} {words} while being imported."
+  assert runtime.imported() == [] and "leaving" not in sys.modules
+
+
 def test_mesh_and_process_rows():
   mesh = runtime.make_mesh()
   assert mesh.axis_names == (runtime.DATA_AXIS,)

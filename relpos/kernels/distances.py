@@ -20,6 +20,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from relpos import positions as positions_lib
 
@@ -48,10 +49,26 @@ def _check_table(table: jax.Array | None, name: str, max_distance: int, num_head
                      f"(2*max_distance+1 rows for max_distance={max_distance}), got {table.shape}.")
 
 
+def _check_bias(bias: jax.Array | None, logits_shape: tuple[int, ...]) -> None:
+  """Raises ValueError unless `bias` is None or broadcasts to `logits_shape`
+  [batch, heads, q_len, kv_len] (adding it must not make the logits bigger)."""
+  if bias is None:
+    return
+  shape = tuple(bias.shape)
+  try:
+    fits = np.broadcast_shapes(shape, logits_shape) == logits_shape
+  except ValueError:
+    fits = False
+  if not fits:
+    raise ValueError(f"bias has shape {shape}; it must broadcast to [batch, heads, q_len, "
+                     f"kv_len] = {logits_shape}.")
+
+
 def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
                  rel_value: jax.Array | None, max_distance: int,
-                 query_positions: jax.Array | None, key_positions: jax.Array | None) -> None:
-  """Raises ValueError on inconsistent shapes, tables or positions."""
+                 query_positions: jax.Array | None, key_positions: jax.Array | None,
+                 bias: jax.Array | None = None) -> None:
+  """Raises ValueError on inconsistent shapes, tables, bias or positions."""
   if query.ndim != 4 or key.ndim != 4:
     raise ValueError(f"query and key must be [batch, len, heads, depth], got {query.shape} and "
                      f"{key.shape}.")
@@ -62,6 +79,7 @@ def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   _, q_len, num_heads, depth = query.shape
   _check_table(rel_key, "rel_key", max_distance, num_heads, depth)
   _check_table(rel_value, "rel_value", max_distance, num_heads, depth)
+  _check_bias(bias, (query.shape[0], num_heads, q_len, key.shape[1]))
   as_positions(query_positions, q_len, "query_positions")
   as_positions(key_positions, key.shape[1], "key_positions")
 

@@ -98,7 +98,7 @@ def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
     [batch, q_len, heads, depth] in query's dtype.
   """
   distances_lib.check_inputs(query, key, rel_key, None, max_distance, query_positions,
-                             key_positions)
+                             key_positions, bias)
   distances = None if rel_key is None else distances_lib.distances_of(
       query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
   return attention_with_bias(query, key, value, rel_key, distances, max_distance, bias, mask,

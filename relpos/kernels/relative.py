@@ -162,7 +162,7 @@ def relative_attention_weights(query: jax.Array, key: jax.Array, *,
     float32 [batch, heads, q_len, kv_len], rows summing to 1.
   """
   distances_lib.check_inputs(query, key, rel_key, None, max_distance, query_positions,
-                             key_positions)
+                             key_positions, bias)
   distances = None if rel_key is None else distances_lib.distances_of(
       query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
   return _weights(query, key, rel_key, distances, max_distance, bias, mask)
@@ -211,7 +211,7 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   distances_lib.check_inputs(query, key, rel_key, rel_value, max_distance, query_positions,
-                             key_positions)
+                             key_positions, bias)
   attend = functools.partial(_attention, query, key, value, bias=bias, mask=mask,
                              query_positions=query_positions, key_positions=key_positions,
                              dropout_rate=dropout_rate, dropout_rng=dropout_rng,
