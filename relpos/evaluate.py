@@ -242,12 +242,22 @@ def _average_count(checkpoint: str | int) -> int | None:
   return int(chosen.group(1))
 
 
+def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDict) -> list[int]:
+  """The steps of `steps` that training saves whether or not it is interrupted (multiples of
+  train.checkpoint_every_steps or train.eval_every_steps, and train.num_steps), in order: a
+  checkpoint saved on SIGTERM in between is left out, so that `average:N` of a resumed run is
+  that of the run never stopped."""
+  return sorted(s for s in steps if s % train_config.checkpoint_every_steps == 0
+                or s % train_config.eval_every_steps == 0 or s == train_config.num_steps)
+
+
 def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
                   mesh: Mesh) -> tuple[nnx.Module, int]:
   """The model saved in `workdir` at `checkpoint`, and its step.
 
-  `checkpoint` is "latest", "best", a step, or "average:N": the parameters of the last N saved
-  checkpoints averaged (the step returned is the last of them). "latest" is the newest
+  `checkpoint` is "latest", "best", a step, or "average:N": the parameters of the last N
+  checkpoints saved on schedule averaged (`scheduled_steps`; the step returned is the last of
+  them). "latest" is the newest
   checkpoint that restores: damaged newer ones are skipped with a warning naming what is wrong
   and the step restored instead.
 
@@ -265,10 +275,10 @@ def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: s
     average = _average_count(checkpoint)
     if average is not None:
       checkpoints.resolve_step(manager, "latest")  # says so when no checkpoint is ready
-      steps = sorted(manager.all_steps())
+      steps = scheduled_steps(manager.all_steps(), config.train)
       if len(steps) < average:
         raise FileNotFoundError(f"checkpoint={checkpoint!r}: {workdir} holds {len(steps)} "
-                                f"checkpoints ({steps}); keep more with "
+                                f"checkpoints saved on schedule ({steps}); keep more with "
                                 f"train.keep_checkpoints.")
       logging.info("Averaging the parameters of steps %s.", steps[-average:])
       return average_parameters([restore_step(s) for s in steps[-average:]]), steps[-1]

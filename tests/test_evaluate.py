@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
@@ -224,10 +225,23 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
   result = evaluate.evaluate_checkpoint(workdir, checkpoint="average:2", split="validation",
                                         output_dir=str(tmp_path))
   assert result["checkpoint"] == "average:2" and result["step"] == 400
-  with pytest.raises(FileNotFoundError, match=r"holds \d checkpoints.*train\.keep_checkpoints"):
+  with pytest.raises(FileNotFoundError,
+                     match=r"holds \d checkpoints saved on schedule.*train\.keep_checkpoints"):
     evaluate.restore_model(workdir, config, "average:9", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
     evaluate.restore_model(workdir, config, "average:1", mesh)
+
+
+def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
+  """A run stopped at step 552 and resumed keeps that checkpoint a while: average:N takes the
+  steps an uninterrupted run saves (multiples of the checkpoint or evaluation interval, and the
+  last step), so both average the same parameters."""
+  train = ml_collections.ConfigDict({"checkpoint_every_steps": 100, "eval_every_steps": 500,
+                                     "num_steps": 1050})
+  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051], train) == [
+      500, 600, 700, 1000, 1050]
+  train.checkpoint_every_steps = 300
+  assert evaluate.scheduled_steps([300, 500, 552, 600], train) == [300, 500, 600]
 
 
 def test_output_names_say_what_was_evaluated():
