@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import default
 from relpos import attention
+from relpos import model as model_lib
 from relpos import positions
+from relpos import variants
 from relpos.kernels import relative as kernel
 from relpos.variants import alibi
 from relpos.variants import relative
@@ -42,6 +45,23 @@ VARIANTS = {
     "rope": lambda rngs, seed: rope.Rotary(10000.0),
     "alibi": lambda rngs, seed: alibi.AlibiBias(HEADS),
 }
+
+
+def _from_registry(name: str):
+  """The decoder's first layer position module of registered variant `name`, at this file's
+  sizes (a variant without attention terms gives None)."""
+  model_fields = {**default.get_config().model.to_dict(), "position": name, "num_heads": HEADS,
+                  "emb_dim": MODEL_DIM, "qkv_dim": QKV_DIM, "mlp_dim": 16, "max_len": 32}
+  config = model_lib.TransformerConfig.from_config(model_fields, vocab_size=16)
+  def build(rngs, seed):
+    del seed
+    return variants.get(name)(config).self_attention(1, causal=True, rngs=rngs)[0]
+  return build
+
+
+# Every registered variant's module as the model builds it, so that a new built-in variant gets
+# these tests by its file alone (the hand-made cases above pin particular options).
+VARIANTS.update({f"registered_{name}": _from_registry(name) for name in variants.names()})
 
 
 def _make_attention(variant, seed=0, dropout_rate=0.0):

@@ -14,6 +14,7 @@ from configs import default
 from relpos import decode
 from relpos import model as model_lib
 from relpos import positions as positions_lib
+from relpos import variants
 from relpos.variants import relative
 
 VOCAB = 20
@@ -44,6 +45,10 @@ VARIANTS = {
     "randomized": {"position": "randomized"},
     "randomized_stride": {"position": "randomized", "randomized_eval_stride": 3},
 }
+# Every registered variant at its defaults, unless a case above has it: a new built-in variant
+# gets the contract tests (cache equals the full pass, packed equals unpacked, ...) by its file.
+VARIANTS.update({name: {"position": name} for name in variants.names()
+                 if all(case["position"] != name for case in VARIANTS.values())})
 ATOL = 2e-5
 
 # Two source / target pairs; row 0 pads inputs and targets.
