@@ -67,8 +67,8 @@ def get_config() -> ml_collections.ConfigDict:
   # scored (train.early_stopping_patience can end a run sooner).
   train.num_steps = 8000
   train.eval_every_steps = 500
-  # A checkpoint about every epoch, the last 10 of them kept (plus the best by validation BLEU, which
-  # the tables score): the recipe above averages the last 10 epoch checkpoints, and
+  # A checkpoint about every epoch, the last 10 of them kept (plus the best by validation BLEU,
+  # which the tables score): the recipe above averages the last 10 epoch checkpoints, and
   # the tables score `average:10` beside the best checkpoint (decode.other_checkpoints).
   train.checkpoint_every_steps = 100
   train.keep_checkpoints = 12  # 10, and room for checkpoints saved on SIGTERM in between

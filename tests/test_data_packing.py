@@ -86,7 +86,8 @@ def test_rows_hold_every_token_once_with_restarting_positions():
 
 def test_an_example_longer_than_a_row_is_refused():
   examples = [{"inputs": np.ones(LENGTH + 1, np.int32), "targets": np.ones(3, np.int32)}]
-  with pytest.raises(ValueError, match="17 input and 3 target tokens does not fit packed rows of 16"):
+  with pytest.raises(ValueError,
+                     match="17 input and 3 target tokens does not fit packed rows of 16"):
     next(_relpos_batches(examples))
 
 

@@ -17,10 +17,8 @@ from relpos import checkpoints
 from relpos import config_validation
 from relpos import decode
 from relpos import evaluate
-from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos import runtime
-from relpos import train
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -236,12 +234,12 @@ def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
   """A run stopped at step 552 and resumed keeps that checkpoint a while: average:N takes the
   steps an uninterrupted run saves (multiples of the checkpoint or evaluation interval, and the
   last step), so both average the same parameters."""
-  train = ml_collections.ConfigDict({"checkpoint_every_steps": 100, "eval_every_steps": 500,
+  train_config = ml_collections.ConfigDict({"checkpoint_every_steps": 100, "eval_every_steps": 500,
                                      "num_steps": 1050})
-  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051], train) == [
+  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051], train_config) == [
       500, 600, 700, 1000, 1050]
-  train.checkpoint_every_steps = 300
-  assert evaluate.scheduled_steps([300, 500, 552, 600], train) == [300, 500, 600]
+  train_config.checkpoint_every_steps = 300
+  assert evaluate.scheduled_steps([300, 500, 552, 600], train_config) == [300, 500, 600]
 
 
 def test_output_names_say_what_was_evaluated():

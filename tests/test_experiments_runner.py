@@ -243,7 +243,8 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
   assert outputs["failed"] == [] and not outputs["preempted"]
   assert open(os.path.join(abs_dir, "run.log")).read() == abs_log  # not started again
   assert os.path.getmtime(os.path.join(abs_dir, "result.json")) == abs_written
-  rel_kv_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "run.log")).read()
+  rel_kv_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0",
+                                 "run.log")).read()
   assert "Resuming from step 4" in rel_kv_log
   assert _results(output_dir) == _results(in_process_dir)
 
@@ -258,7 +259,8 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
     return [sys.executable, "-c", WAITS_FOR_SIGTERM]
 
   def logs(rows):
-    return [os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log") for row in rows]
+    return [os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log")
+            for row in rows]
 
   def terminate_when_ready():
     for _ in range(600):
@@ -278,7 +280,8 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
   assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
   assert "none failed" in open(logs(["none"])[0]).read()
   # two at once: rel_kv started only when none had ended
-  assert printed.index("failed: synthetic-ablation-none") < printed.index("started synthetic-ablation-rel_kv")
+  assert (printed.index("failed: synthetic-ablation-none")
+          < printed.index("started synthetic-ablation-rel_kv"))
   for log in logs(["abs", "rel_kv"]):
     assert "ready 0.450" in open(log).read() and "saved" in open(log).read()
   assert "stopping synthetic-ablation-abs-seed0, synthetic-ablation-rel_kv-seed0" in printed
