@@ -45,8 +45,10 @@ MIN_SEEDS = 3
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
 # run's validation_curve; 3: + each run's time_s; 4: + each run's starts, commits and
-# other_checkpoints, and time_s summed over every start of a run.
-RESULTS_SCHEMA_VERSION = 4
+# other_checkpoints, and time_s summed over every start of a run; 5: + each run's length
+# diagnostics (length_statistics, oracle_length, token_accuracy_by_position, attention_profile)
+# and the length table.
+RESULTS_SCHEMA_VERSION = 5
 
 
 def load_runs(results_path: str) -> list[dict]:
