@@ -312,7 +312,7 @@ def _length_run(row, seed, test, long, oracle, *, ratio=0.8, shorter=0.6):
                                          "19-24": stats(ratio - 0.1, shorter)}}}
   run["token_accuracy_by_position"] = {
       split: {"accuracy": [1.0] * 8 + [0.5] * 4 + [0.0] * 4 + [None] * 4,
-              "count": [4] * 8 + [2] * 4 + [1] * 4 + [0] * 4, "eos_accuracy": 0.25,
+              "count": [40] * 8 + [20] * 4 + [9] * 4 + [0] * 4, "eos_accuracy": 0.25,
               "accuracy_all": 0.5} for split in ("test", "test_long")}
   run["attention_profile"] = {"test": {"normalized_entropy": [0.5, 0.7]},
                               "test_long": {"normalized_entropy": [0.4, 0.6]}}
@@ -338,9 +338,9 @@ def test_length_table_columns_and_diagnostics():
   assert "BLEU → BLEU at oracle length, by source length (words), test_long:" in text
   assert "| abs | 30.0 ± 1.0 → 64.0 ± 1.0 | 28.0 ± 1.0 → 62.0 ± 1.0 |" in text
   assert "| abs | 0.90 ± 0.00 (60% ± 0% short) | 0.70 ± 0.00 (60% ± 0% short) |" in text
-  # Positions 0-7: 100%; 8-15: (4 x 2 x 0.5 + 4 x 1 x 0) / (4 x 2 + 4 x 1) = 33.3%.
+  # Positions 0-7: 100%; 8-15: (4 x 20 x 0.5 + 4 x 9 x 0) / (4 x 20 + 4 x 9) = 34.5%.
   assert "| row | 0-7 | 8-15 | eos |" in text
-  assert "| abs | 100.0 ± 0.0 | 33.3 ± 0.0 | 25.0 ± 0.0 |" in text
+  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
   assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
   assert "## The paper's findings" not in text  # a length table alone
 
@@ -385,3 +385,11 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   lines = [c for c in ratio.containers]
   assert [c.get_label() for c in lines] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
   np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, 0.9, 0.7])
+  test, test_long = figures["token_accuracy.png"].axes
+  assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
+  abs_line = test_long.get_lines()[0]
+  assert abs_line.get_label() == "abs"
+  # Positions 0-11 (12-15 have 9 targets, fewer than MIN_TOKENS_PER_POSITION: not drawn).
+  np.testing.assert_allclose(abs_line.get_xdata(), range(12))
+  np.testing.assert_allclose(abs_line.get_ydata(), [100.0] * 8 + [50.0] * 4)
+  assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position

@@ -264,6 +264,56 @@ def plot_length_ratio(runs: list[dict], path: str) -> str | None:
   return save(fig, path)
 
 
+def _mean_curve(curves: list[list[float | None]]) -> tuple[np.ndarray, np.ndarray]:
+  """(positions, mean over curves) where at least one curve has a value (None: no value)."""
+  points = []
+  for position in range(max(len(c) for c in curves)):
+    values = [c[position] for c in curves if position < len(c) and c[position] is not None]
+    if values:
+      points.append((position, sum(values) / len(values)))
+  return np.array([p for p, _ in points]), np.array([v for _, v in points])
+
+
+# Token accuracies at a target position that fewer targets of a run reach are not drawn.
+MIN_TOKENS_PER_POSITION = 10
+
+
+def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
+  """The length table: teacher-forced token accuracy by target position, one panel per test
+  split, one line per row (mean over seeds; positions with at least MIN_TOKENS_PER_POSITION
+  targets); a dotted line after the last position `test` targets reach.
+
+  Returns:
+    The path written, or None when no length-table run has token accuracies.
+  """
+  table = [r for r in runs if r["table"] == "length" and "token_accuracy_by_position" in r]
+  if not table:
+    return None
+  splits = [s for s in report.splits_in_order(table)
+            if s in table[0]["token_accuracy_by_position"]]
+  rows = report.rows_in_order(table, "length")
+  fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4), sharey=True,
+                           squeeze=False)
+  short = [r["token_accuracy_by_position"].get("test", {}).get("count", []) for r in table]
+  reach = max((i for counts in short for i, c in enumerate(counts) if c), default=None)
+  for ax, split in zip(axes[0], splits):
+    for index, row in enumerate(rows):
+      stats = [r["token_accuracy_by_position"][split] for r in table if r["row"] == row]
+      curves = [[100 * a if c >= MIN_TOKENS_PER_POSITION else None
+                 for a, c in zip(s["accuracy"], s["count"])] for s in stats]
+      ax.plot(*_mean_curve(curves), ".-", markersize=3, color=f"C{index % 10}", label=row)
+    if reach is not None and split != "test":
+      ax.axvline(reach + 0.5, color="grey", linestyle=":")
+    ax.set_title(split, fontsize=9)
+    ax.set_xlabel("target position (tokens, from 0)")
+  axes[0][0].set_ylabel("token accuracy (%), teacher-forced")
+  axes[0][0].legend(fontsize=7, ncol=2)
+  fig.suptitle("Teacher-forced next-token accuracy by target position (positions that at "
+               f"least {MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: longer "
+               f"than any test target)\n{describe(table)}", fontsize=9)
+  return save(fig, path)
+
+
 def plot_results(results_path: str, output_dir: str) -> list[str]:
   """Writes every plot that `results.json` supports; returns their paths."""
   runs = report.load_runs(results_path)
@@ -271,5 +321,6 @@ def plot_results(results_path: str, output_dir: str) -> list[str]:
           plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png")),
           plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png")),
           plot_length_oracle(runs, os.path.join(output_dir, "length_oracle.png")),
-          plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png"))]
+          plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png")),
+          plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png"))]
   return [p for p in made if p]

@@ -501,7 +501,8 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
               for low in range(0, last + 1, POSITION_RANGE)]
     lines += [f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
               f"eos, {split}:", "",
-              "| row | " + " | ".join(f"{a}-{b - 1}" for a, b in ranges) + " | eos |",
+              "| row | " + " | ".join(f"{a}-{b - 1}" if b - 1 > a else f"{a}"
+                                      for a, b in ranges) + " | eos |",
               "|" + " --- |" * (len(ranges) + 2)]
     for row in rows:
       row_runs = [r for r in have if r["row"] == row]
