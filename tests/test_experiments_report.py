@@ -314,8 +314,10 @@ def _length_run(row, seed, test, long, oracle, *, ratio=0.8, shorter=0.6):
       split: {"accuracy": [1.0] * 8 + [0.5] * 4 + [0.0] * 4 + [None] * 4,
               "count": [40] * 8 + [20] * 4 + [9] * 4 + [0] * 4, "eos_accuracy": 0.25,
               "accuracy_all": 0.5} for split in ("test", "test_long")}
-  run["attention_profile"] = {"test": {"normalized_entropy": [0.5, 0.7]},
-                              "test_long": {"normalized_entropy": [0.4, 0.6]}}
+  run["attention_profile"] = {
+      split: {"normalized_entropy": normalized, "count_by_query": [20, 20, 5],
+              "entropy_by_query": [[1.0 + shift, 2.0 + shift, 3.0], [0.5, 1.5 + shift, None]]}
+      for split, normalized, shift in (("test", [0.5, 0.7], 0.0), ("test_long", [0.4, 0.6], 1.0))}
   return run
 
 
@@ -393,3 +395,9 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   np.testing.assert_allclose(abs_line.get_xdata(), range(12))
   np.testing.assert_allclose(abs_line.get_ydata(), [100.0] * 8 + [50.0] * 4)
   assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position
+  entropy = [ax for ax in figures["attention_entropy.png"].axes if ax.get_visible()][0]
+  assert entropy.get_title() == "abs"
+  # Per split and layer; position 2 (5 sentences, fewer than 10) is not drawn.
+  assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()] == [
+      ("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
+      ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]

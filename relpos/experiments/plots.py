@@ -314,6 +314,42 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   return save(fig, path)
 
 
+def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
+  """The length table: the encoder's self-attention entropy by query position on test
+  sources (solid) and test_long sources (dashed), one panel per row (lowest seed), one colour
+  per layer.
+
+  Returns:
+    The path written, or None when no length-table run has attention profiles.
+  """
+  table = [r for r in runs if r["table"] == "length" and "attention_profile" in r]
+  if not table:
+    return None
+  rows = report.rows_in_order(table, "length")
+  fig, axes = _panels(len(rows), width=3.6, height=2.8)
+  for ax, row in zip(axes, rows):
+    run = min((r for r in table if r["row"] == row), key=lambda r: r["seed"])
+    for split, style in zip(run["attention_profile"], ("-", "--", ":")):
+      profile = run["attention_profile"][split]
+      for layer, entropy in enumerate(profile["entropy_by_query"]):
+        counts = profile["count_by_query"]
+        ax.plot(*_mean_curve([[e if c >= MIN_TOKENS_PER_POSITION else None
+                               for e, c in zip(entropy, counts)]]),
+                style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
+    ax.set_title(row, fontsize=9)
+  axes[0].legend(fontsize=6)
+  for ax in axes[-min(3, len(rows)):]:
+    ax.xaxis.set_tick_params(labelbottom=True)
+    ax.set_xlabel("query position (source tokens)", fontsize=8)
+  for ax in axes[::3]:
+    ax.set_ylabel("attention entropy (nats)", fontsize=8)
+  fig.suptitle("Encoder self-attention entropy by query position, test (solid) and test_long "
+               "(dashed) sources\nmean over heads and sentences, positions at least "
+               f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n\n"
+               f"{describe(table)}", fontsize=9)
+  return save(fig, path)
+
+
 def plot_results(results_path: str, output_dir: str) -> list[str]:
   """Writes every plot that `results.json` supports; returns their paths."""
   runs = report.load_runs(results_path)
@@ -322,5 +358,6 @@ def plot_results(results_path: str, output_dir: str) -> list[str]:
           plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png")),
           plot_length_oracle(runs, os.path.join(output_dir, "length_oracle.png")),
           plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png")),
-          plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png"))]
+          plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png")),
+          plot_attention_entropy(runs, os.path.join(output_dir, "attention_entropy.png"))]
   return [p for p in made if p]
