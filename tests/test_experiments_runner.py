@@ -154,6 +154,7 @@ def _check_length_diagnostics(run: dict) -> None:
     oracle = run["oracle_length"][split]
     assert oracle["num_sentences"] == 8 and 0.0 <= oracle["bleu"] <= 100.0
     assert set(oracle["bleu_by_source_length"]) == set(run["bleu_by_source_length"][split])
+    assert oracle["length_ratio"] == pytest.approx(1.0, abs=0.1)  # re-encoded from text
     accuracy = run["token_accuracy_by_position"][split]
     assert len(accuracy["accuracy"]) == len(accuracy["count"]) == 2 * 48  # 2 x task.max_length
     assert accuracy["count"][0] == 8  # every target has a first token

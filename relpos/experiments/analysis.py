@@ -167,13 +167,13 @@ def attention_profile(model: model_lib.Transformer, inputs: np.ndarray) -> dict[
                              "offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
                              "mean_length": float(lengths.mean())}
   for _, _, weights in _encoder_attention(model, inputs):
-    by_query, count = attention_entropy(weights, valid)
+    by_query, _ = attention_entropy(weights, valid)
     entropy = _entropy(weights)  # [batch, n]
     profile["entropy_by_query"].append([None if np.isnan(e) else float(e) for e in by_query])
     profile["normalized_entropy"].append(
         float((entropy / log_length * valid).sum() / valid.sum()))
     profile["attention_by_offset"].append(_mean_by_offset(weights, valid))
-  profile["count_by_query"] = count.tolist()
+  profile["count_by_query"] = valid.sum(0).tolist()
   return profile
 
 

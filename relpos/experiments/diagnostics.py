@@ -103,15 +103,19 @@ def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
   most model.max_len): beam search forbids eos before that length and forces it there.
 
   Returns:
-    `evaluate.score`'s dict plus "bleu_by_source_length" (bucket -> BLEU).
+    `evaluate.score`'s dict plus "bleu_by_source_length" (bucket -> BLEU) and "length_ratio"
+    (of the outputs re-encoded from their text: about 1, a check of the constraint).
   """
   sources, references = task.source_texts(split), task.target_texts(split)
   lengths = [min(len(ids), config.model.max_len)
              for ids in task.tokenizer.encode_batch(references)]
   translations = evaluate.translate_texts(model, task.tokenizer, sources, config, mesh=mesh,
                                           lengths=lengths)
+  ratio = (token_lengths(task.tokenizer, translations).sum()
+           / max(token_lengths(task.tokenizer, references).sum(), 1))
   return {**evaluate.score(translations, references),
-          "bleu_by_source_length": bleu_by_source_length(sources, translations, references)}
+          "bleu_by_source_length": bleu_by_source_length(sources, translations, references),
+          "length_ratio": float(ratio)}
 
 
 @nnx.jit
@@ -137,21 +141,20 @@ def token_accuracy_by_position(model: nnx.Module, task: pipeline.Task, split: st
      tokens alone (the decision to stop), "accuracy_all": on every target token}.
   """
   correct, count = np.zeros(num_positions, np.int64), np.zeros(num_positions, np.int64)
-  eos = [0, 0]  # correct, total
-  total = [0, 0]
+  eos_correct = eos_count = all_correct = all_count = 0
   for batch in task.eval_batches(split, batch_size):
-    targets = batch["targets"]
-    predicted = np.asarray(_predicted_tokens(model, batch["inputs"], targets))
+    targets = batch["targets"]  # [batch, t]
+    predicted = np.asarray(_predicted_tokens(model, batch["inputs"], targets))  # [batch, t]
     real = targets != tokenizer_lib.PAD_ID
     right = (predicted == targets) & real
     width = min(num_positions, targets.shape[1])
     correct[:width] += right.sum(0)[:width]
     count[:width] += real.sum(0)[:width]
     is_eos = targets == tokenizer_lib.EOS_ID
-    eos[0] += int((right & is_eos).sum())
-    eos[1] += int(is_eos.sum())
-    total[0] += int(right.sum())
-    total[1] += int(real.sum())
+    eos_correct += int((right & is_eos).sum())
+    eos_count += int(is_eos.sum())
+    all_correct += int(right.sum())
+    all_count += int(real.sum())
   return {"accuracy": [float(c / n) if n else None for c, n in zip(correct, count)],
-          "count": count.tolist(), "eos_accuracy": eos[0] / max(eos[1], 1),
-          "accuracy_all": total[0] / max(total[1], 1)}
+          "count": count.tolist(), "eos_accuracy": eos_correct / max(eos_count, 1),
+          "accuracy_all": all_correct / max(all_count, 1)}

@@ -437,7 +437,7 @@ def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
 def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
                   cell) -> list[str]:
   """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
-  buckets = [b for b in length_buckets(runs, split)]
+  buckets = length_buckets(runs, split)
   if not buckets:
     return []
   lines = [title, "", "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
