@@ -365,7 +365,10 @@ def test_length_findings_judged_by_welch():
   # (iii) shape over abs: +12 on test_long at a cost of 6 on test.
   verdict, evidence = found["(iii) shape lifts test_long over abs"]
   assert verdict == "yes"
-  assert evidence.startswith("shape 41.0 ± 1.0 vs abs 29.0 ± 1.0 (cost: test -6.0 [")
+  p = stats.ttest_ind([40.0, 41.0, 42.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  cost = stats.ttest_ind([90.0, 91.0, 92.0], [96.0, 97.0, 98.0], equal_var=False).pvalue
+  assert evidence == (f"test_long shape 41.0 ± 1.0 vs abs 29.0 ± 1.0: +12.0 [+9.7, +14.3], "
+                      f"p = {p:.2g}; change on test -6.0 [-8.3, -3.7], p = {cost:.2g}")
   assert found["(iii) rel_kv_concat lifts test_long over rel_kv"][0] == "no"  # +1, p large
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
   two_seeds = [r for r in _length_runs() if r["seed"] < 2]

@@ -566,12 +566,14 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   bleu = lambda row, split: _scores(runs, "length", row, split)
   out = []
 
-  def check(finding, a, b, *, gap, evidence):
+  def check(finding, a, b, *, gap, evidence, after=""):
+    """Judges a against b (`judge`); evidence() describes them, `after` follows the test."""
     if not (a and b):
       out.append((finding, "not run", "–"))
       return
     verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU)
-    out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "")))
+    out.append((finding, verdict,
+                evidence() + (f": {statistics}" if statistics else "") + after))
 
   base = bleu("abs", long)
   for row in ("rel_kv", "t5", "rope", "alibi", "fire"):
@@ -589,8 +591,8 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
     a, b = bleu(row, long), bleu(base_row, long)
     cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)
     check(f"(iii) {row} lifts {long} over {base_row}", a, b, gap=True,
-          evidence=lambda: f"{row} {_format(a)} vs {base_row} {_format(b)} (cost: {cost}); "
-                           f"{long}")
+          evidence=lambda: f"{long} {row} {_format(a)} vs {base_row} {_format(b)}",
+          after=f"; change on {cost}")
   return out
 
 
