@@ -10,8 +10,12 @@ Select a row, and optionally the task, in the config string:
 
 or override the task afterwards (`--config.task.name=...`). A sweep over the clipping distance
 runs `k=<k>` for every k in `K_GRID`. Each row sets all the position fields it depends on, so a
-row means the same thing whatever the base config.
+row means the same thing whatever the base config. A row may also set fields outside
+`config.model` (`ROW_FIELDS`, dotted names): `rel_kv_concat` is rel_kv trained on sentence
+concatenation (`task.concat_probability`).
 """
+from typing import Any
+
 import ml_collections
 
 from configs import default
@@ -47,10 +51,27 @@ ROWS: dict[str, dict[str, object]] = {
                    "absolute_type": "sinusoidal", "randomized_max_position": 2048,
                    "randomized_eval_stride": 1},
 }
+ROWS["rel_kv_concat"] = dict(ROWS["rel_kv"])
+
+# Row name -> dotted config fields it sets besides `config.model` (applied after ROWS).
+ROW_FIELDS: dict[str, dict[str, object]] = {
+    # Half of the training examples joined with a random other one (Kondo et al. 2021).
+    "rel_kv_concat": {"task.concat_probability": 0.5},
+}
 
 # The rows of the ablation table when none are named: Shaw et al.'s and the later position
 # methods. Every row of ROWS can be named (--rows), e.g. the length-extrapolation ones.
 ABLATION_ROWS = ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi")
+# The rows of the length table (issue #27): the main variants, then the interventions for
+# length extrapolation, each beside the row it changes (`LENGTH_BASES`).
+LENGTH_ROWS = ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape", "randomized",
+               "rel_kv_concat")
+# (intervention row, the row it is judged against) in the length table: SHAPE and randomized
+# positions change absolute sinusoids; concatenation changes rel_kv's data; FIRE replaces T5's
+# bucketed bias with a learned function of the distance, and is also set against rel_kv, the
+# strongest relative row.
+LENGTH_BASES = (("fire", "t5"), ("fire", "rel_kv"), ("shape", "abs"), ("randomized", "abs"),
+                ("rel_kv_concat", "rel_kv"))
 
 # Task name -> base config (model size and data).
 BASES = {
@@ -92,6 +113,28 @@ def row_overrides(row: str) -> dict[str, object]:
                    f"your own: --import=<its module>.")
 
 
+def set_fields(config: ml_collections.ConfigDict, dotted: dict[str, Any]) -> None:
+  """Sets dotted fields of `config` in place, e.g. {"task.concat_probability": 0.5}.
+
+  Raises:
+    ValueError: for a field the config lacks, or a value of another type than the field's.
+  """
+  for name, value in dotted.items():
+    parent = config
+    *path, leaf = name.split(".")
+    for part in path:
+      if part not in parent:
+        raise ValueError(f"override {name!r}: no config field {part!r}.")
+      parent = parent[part]
+    if leaf not in parent:
+      raise ValueError(f"override {name!r}: no config field {leaf!r}.")
+    try:
+      parent[leaf] = value
+    except TypeError:  # ConfigDict refuses a value of another type
+      raise ValueError(f"override {name}={value!r}: the field holds "
+                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
+
+
 def get_config(config_string: str = "rel_kv") -> ml_collections.ConfigDict:
   """Returns the config of one row: `"<row>"` or `"<row>,<task>"`.
 
@@ -112,4 +155,5 @@ def get_config(config_string: str = "rel_kv") -> ml_collections.ConfigDict:
                      f"allowed: {', '.join(BASES)}.")
   config = BASES[task]()
   config.model.update(row_overrides(row))
+  set_fields(config, ROW_FIELDS.get(row, {}))
   return config

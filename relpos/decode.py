@@ -17,6 +17,13 @@ SentencePiece may find fewer pieces than asked for) keeps both searches off the 
 tokenizer cannot decode. Beam search sets their log-probabilities to -inf after the softmax, so
 every other token keeps the log-probability the trained model gives it (the softmax it was
 trained with); greedy search takes the argmax over the decodable ids.
+
+Both searches take optional per-input length bounds `min_len` and `max_len` (int32 [batch],
+in tokens, eos included): eos is forbidden while a hypothesis is shorter than `min_len` and is
+the only token allowed when it reaches `max_len`. With min_len = max_len = the reference's
+token length this is oracle-length decoding (Newman et al. 2020, "The EOS Decision and Length
+Extrapolation"): the output has exactly the reference's length. Without bounds the searches are
+unchanged (no mask is applied).
 """
 import functools
 from typing import Any, Callable, NamedTuple
@@ -84,9 +91,24 @@ def _forbid_undecodable(scores: jax.Array, output_vocab_size: int | None) -> jax
   return jnp.where(decodable, scores, -jnp.inf)
 
 
+def _bound_length(scores: jax.Array, step: jax.Array, eos_id: int,
+                  min_len: jax.Array | None, max_len: jax.Array | None) -> jax.Array:
+  """scores [n, vocab] of the token at position `step`, with eos set to -inf where the output
+  would be shorter than min_len [n] and every other token set to -inf where it reaches
+  max_len [n] (lengths in tokens, eos included); unchanged where a bound is None."""
+  length = step + 1  # the output's length if it ends with the token chosen now
+  is_eos = jnp.arange(scores.shape[-1]) == eos_id  # [vocab]
+  if min_len is not None:
+    scores = jnp.where(is_eos & (length < min_len)[:, None], -jnp.inf, scores)
+  if max_len is not None:
+    scores = jnp.where(~is_eos & (length >= max_len)[:, None], -jnp.inf, scores)
+  return scores
+
+
 def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
                 beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
-                max_decode_len: int, output_vocab_size: int | None = None
+                max_decode_len: int, output_vocab_size: int | None = None,
+                min_len: jax.Array | None = None, max_len: jax.Array | None = None
                 ) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
@@ -100,6 +122,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     eos_id: end-of-sequence token.
     max_decode_len: L, the most tokens per hypothesis (eos included).
     output_vocab_size: ids >= this are never emitted (None: every id of the logits).
+    min_len: None, or int32 [batch]: no hypothesis of input b ends (eos included) before
+      min_len[b] tokens.
+    max_len: None, or int32 [batch] <= L: every hypothesis of input b ends with eos at
+      max_len[b] tokens; min_len = max_len fixes the length (oracle-length decoding).
 
   Returns:
     sequences: int32 [batch, beam_size, L], eos-terminated (unless L was reached) and padded
@@ -125,6 +151,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
                      alive_log_probs=no_scores.at[:, 0].set(0.0), finished_sequences=sequences,
                      finished_scores=no_scores, cache=cache)
   best_possible_penalty = length_penalty(max_decode_len, alpha)
+  # Bounds per hypothesis row [batch * beam_size] (row r is input r // beam_size).
+  tile = lambda bound: None if bound is None else jnp.repeat(
+      jnp.asarray(bound, jnp.int32), beam_size)
+  row_min_len, row_max_len = tile(min_len), tile(max_len)
 
   def not_done(state: _BeamState) -> jax.Array:
     # Log-probabilities only fall and the penalty only grows, so a live hypothesis scores at
@@ -139,7 +169,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     logits, cache = tokens_to_logits(tokens, step, state.cache)
     vocab_size = logits.shape[-1]
     log_probs = _forbid_undecodable(jax.nn.log_softmax(logits.astype(jnp.float32)),
-                                    output_vocab_size).reshape(*shape, vocab_size)
+                                    output_vocab_size)
+    log_probs = _bound_length(log_probs, step, eos_id, row_min_len, row_max_len
+                              ).reshape(*shape, vocab_size)
     candidates = (state.alive_log_probs[..., None] + log_probs).reshape(batch_size, -1)
     # 2k candidates always hold k that do not end here (at most k of them end with eos).
     top_log_probs, top_index = jax.lax.top_k(candidates, 2 * beam_size)
@@ -174,8 +206,9 @@ class _GreedyState(NamedTuple):
 
 
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
-                  eos_id: int = 1, max_decode_len: int,
-                  output_vocab_size: int | None = None) -> jax.Array:
+                  eos_id: int = 1, max_decode_len: int, output_vocab_size: int | None = None,
+                  min_len: jax.Array | None = None, max_len: jax.Array | None = None
+                  ) -> jax.Array:
   """Greedy decoding: the argmax token at every step until eos (or max_decode_len).
 
   Args:
@@ -186,6 +219,7 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
     eos_id: end-of-sequence token.
     max_decode_len: L, the most tokens per sequence (eos included).
     output_vocab_size: ids >= this are never emitted (None: every id of the logits).
+    min_len, max_len: None, or int32 [batch] length bounds (eos included), as in `beam_search`.
 
   Returns:
     int32 [batch, L]: tokens up to and including eos, then 0.
@@ -204,7 +238,9 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
   def step_fn(state: _GreedyState) -> _GreedyState:
     tokens = _previous_tokens(state.sequences, state.step)
     logits, cache = tokens_to_logits(tokens, state.step, state.cache)
-    best = jnp.argmax(_forbid_undecodable(logits, output_vocab_size), axis=-1)
+    scores = _bound_length(_forbid_undecodable(logits, output_vocab_size), state.step, eos_id,
+                           min_len, max_len)
+    best = jnp.argmax(scores, axis=-1)
     next_tokens = jnp.where(state.finished, 0, best.astype(jnp.int32))
     return _GreedyState(step=state.step + 1,
                         sequences=state.sequences.at[:, state.step].set(next_tokens),
@@ -234,7 +270,8 @@ def _prefix_tokens_to_logits(model: nnx.Module, encoded: jax.Array,
                                              "eos_id", "use_cache", "output_vocab_size"))
 def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, beam_size: int,
                alpha: float, max_decode_len: int, eos_id: int, use_cache: bool,
-               output_vocab_size: int | None) -> jax.Array:
+               output_vocab_size: int | None, min_len: jax.Array | None,
+               max_len: jax.Array | None) -> jax.Array:
   """Jitted body of `translate` (the model travels as graphdef + state)."""
   model = nnx.merge(graphdef, state)
   batch_size = inputs.shape[0]
@@ -248,18 +285,22 @@ def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, b
   else:
     tokens_to_logits = _prefix_tokens_to_logits(model, encoded, inputs)
     cache = jnp.zeros((batch_size * beam_size, max_decode_len), jnp.int32)
+  bounds = {"min_len": min_len, "max_len": max_len}
   if beam_size == 1:
     return greedy_search(tokens_to_logits, cache, batch_size=batch_size, eos_id=eos_id,
-                         max_decode_len=max_decode_len, output_vocab_size=output_vocab_size)
+                         max_decode_len=max_decode_len, output_vocab_size=output_vocab_size,
+                         **bounds)
   sequences, _ = beam_search(tokens_to_logits, cache, batch_size=batch_size,
                              beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-                             max_decode_len=max_decode_len, output_vocab_size=output_vocab_size)
+                             max_decode_len=max_decode_len, output_vocab_size=output_vocab_size,
+                             **bounds)
   return sequences[:, 0]
 
 
 def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha: float = 0.6,
               max_decode_len: int, eos_id: int = 1, use_cache: bool = True,
-              output_vocab_size: int | None = None) -> jax.Array:
+              output_vocab_size: int | None = None, min_len: jax.Array | None = None,
+              max_len: jax.Array | None = None) -> jax.Array:
   """Encodes `inputs` once and decodes them with the cached decoder of `model`.
 
   Compiled once per (model structure, input shape, search settings); later batches of the same
@@ -276,6 +317,9 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
       reference for the cache, and the baseline of the decoding benchmark).
     output_vocab_size: the tokenizer's size; ids >= it are never emitted (None: every id of
       the model's vocabulary).
+    min_len, max_len: None, or int32 [batch]: the fewest and most output tokens (eos
+      included) per input; both set to the reference's token length is oracle-length decoding
+      (`beam_search`). max_len must not exceed max_decode_len.
 
   Returns:
     int32 [batch, max_decode_len]: the best hypothesis per input, eos-terminated (unless
@@ -287,6 +331,8 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
   if beam_size < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
   graphdef, state = nnx.split(model)
+  as_array = lambda bound: None if bound is None else jnp.asarray(bound, jnp.int32)
   return _translate(graphdef, state, jnp.asarray(inputs, jnp.int32), beam_size=beam_size,
                     alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id,
-                    use_cache=use_cache, output_vocab_size=output_vocab_size)
+                    use_cache=use_cache, output_vocab_size=output_vocab_size,
+                    min_len=as_array(min_len), max_len=as_array(max_len))

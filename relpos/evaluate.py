@@ -82,7 +82,8 @@ def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], bat
 
 
 def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
-                    config: ml_collections.ConfigDict, *, mesh: Mesh) -> list[str]:
+                    config: ml_collections.ConfigDict, *, mesh: Mesh,
+                    lengths: Sequence[int] | None = None) -> list[str]:
   """Translates every text with beam search (greedy when decode.beam_size is 1).
 
   Args:
@@ -91,6 +92,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     texts: the sources.
     config: the run config (decode.*, model.max_len, train.eval_batch_size).
     mesh: devices the batch rows are split over.
+    lengths: None, or each output's length in tokens, eos included (at most model.max_len):
+      eos is forbidden before it and forced at it (oracle-length decoding, `decode.translate`).
 
   Returns:
     The detokenized translations, in the order of `texts`.
@@ -103,12 +106,20 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
   for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
-    local = runtime.process_rows({"inputs": inputs})["inputs"]
+    rows = {"inputs": inputs}
+    budget = max_decode_len(inputs.shape[1], config.decode, config.model.max_len)
+    if lengths is not None:  # filler rows: eos first
+      rows["lengths"] = np.array([lengths[i] if i >= 0 else 1 for i in example_index], np.int32)
+      longest = -(-int(rows["lengths"].max()) // LENGTH_BUCKET) * LENGTH_BUCKET  # few compiles
+      budget = max(budget, min(longest, config.model.max_len))
+    local = {k: jax.make_array_from_process_local_data(sharding, v)
+             for k, v in runtime.process_rows(rows).items()}
+    bounds = ({"min_len": local["lengths"], "max_len": local["lengths"]}
+              if lengths is not None else {})
     tokens = decode.translate(
-        model, jax.make_array_from_process_local_data(sharding, local),
-        beam_size=config.decode.beam_size, alpha=config.decode.alpha,
-        max_decode_len=max_decode_len(inputs.shape[1], config.decode, config.model.max_len),
-        eos_id=tokenizer_lib.EOS_ID, output_vocab_size=tokenizer.vocab_size)
+        model, local["inputs"], beam_size=config.decode.beam_size, alpha=config.decode.alpha,
+        max_decode_len=budget, eos_id=tokenizer_lib.EOS_ID,
+        output_vocab_size=tokenizer.vocab_size, **bounds)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
     for i, row in zip(example_index, tokens):
       if i >= 0:

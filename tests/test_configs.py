@@ -158,6 +158,24 @@ def test_ablation_rows(row, expected):
   assert ablation.get_config(row).task.name == "synthetic"
 
 
+def test_a_row_sets_task_fields_and_overrides_come_after_it():
+  for base in ("synthetic", "multi30k"):
+    concat = ablation.get_config(f"rel_kv_concat,{base}")
+    rel_kv = ablation.get_config(f"rel_kv,{base}")
+    assert concat.task.concat_probability == 0.5 and rel_kv.task.concat_probability == 0.0
+    concat.task.concat_probability = 0.0
+    assert concat.to_dict() == rel_kv.to_dict()  # the task field is all that differs
+  config = ablation.get_config("rel_kv_concat")
+  ablation.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
+  assert (config.task.concat_probability, config.train.num_steps) == (0.25, 7)
+  with pytest.raises(ValueError, match="no config field 'concat'"):
+    ablation.set_fields(config, {"task.concat": 0.5})
+  with pytest.raises(ValueError, match="holds int values"):
+    ablation.set_fields(config, {"train.num_steps": "many"})
+  for row, base in ablation.LENGTH_BASES:
+    assert {row, base} <= set(ablation.LENGTH_ROWS)
+
+
 def test_k_grid_is_the_papers():
   assert ablation.K_GRID == (0, 1, 2, 4, 16, 64, 256)
   for k in ablation.K_GRID:

@@ -246,3 +246,76 @@ def test_invalid_search_arguments(kwargs, message):
   args = {"batch_size": 1, "beam_size": 2, "alpha": 0.6, "max_decode_len": 3, **kwargs}
   with pytest.raises(ValueError, match=message):
     decode.beam_search(tokens_to_logits, init_cache(2), **args)
+
+
+def bounded_exhaustive_search(table: np.ndarray, alpha: float, low: int, high: int
+                              ) -> list[tuple[float, list[int]]]:
+  """`exhaustive_search` of the sequences that end with eos at a length in [low, high]."""
+  return [(score, sequence) for score, sequence in exhaustive_search(table, alpha)
+          if EOS in sequence and low <= sequence.index(EOS) + 1 <= high]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_length_bounds_keep_exactly_the_sequences_of_allowed_length(alpha):
+  # Full width: the bounded search is exact, so it equals the exhaustive search restricted to
+  # the allowed lengths; row 0 and row 2 are oracle-length (min = max), row 1 a range.
+  length, batch = 4, 3
+  beam = 3 ** (length - 1)
+  table = np.random.default_rng(5).normal(size=(batch, length, VOCAB ** (length - 1), VOCAB))
+  min_len, max_len = np.array([1, 2, 3]), np.array([1, 4, 3])
+  tokens_to_logits, init_cache = prefix_decoder(table * 2.0)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=batch,
+                                         beam_size=beam, alpha=alpha, max_decode_len=length,
+                                         min_len=min_len, max_len=max_len)
+  for b in range(batch):
+    expected = bounded_exhaustive_search(table[b] * 2.0, alpha, min_len[b], max_len[b])[:beam]
+    found = len(expected)
+    np.testing.assert_allclose(scores[b, :found], [s for s, _ in expected], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(sequences[b, :found], [seq for _, seq in expected])
+    assert np.all(np.asarray(scores[b, found:]) == -np.inf)
+    assert not np.asarray(sequences[b, found:]).any()
+  # Oracle rows: every hypothesis found (1 of length 1, 3 * 3 of length 3) has that length.
+  valid = np.asarray(scores) > -np.inf
+  assert valid[0].sum() == 1 and valid[2].sum() == 9
+  assert (np.asarray(sequences[0])[valid[0], 0] == EOS).all()
+  assert (np.asarray(sequences[2])[valid[2], 2] == EOS).all()
+
+
+def test_oracle_length_outputs_have_the_given_length_where_eos_would_come_early():
+  # eos is by far the best token everywhere: unbounded, every output is [eos]; bounded, each
+  # ends exactly at its length.
+  table = np.zeros((3, 6, VOCAB, VOCAB))
+  table[..., EOS] = 5.0
+  tokens_to_logits, init_cache = previous_token_decoder(table)
+  lengths = np.array([2, 6, 4])
+  for beam in (1, 3):
+    cache = init_cache(beam)
+    if beam == 1:
+      best = decode.greedy_search(tokens_to_logits, cache, batch_size=3, max_decode_len=6,
+                                  min_len=lengths, max_len=lengths)
+    else:
+      best = decode.beam_search(tokens_to_logits, cache, batch_size=3, beam_size=beam,
+                                max_decode_len=6, min_len=lengths, max_len=lengths)[0][:, 0]
+    best = np.asarray(best)
+    for row, length in zip(best, lengths):
+      assert list(row).index(EOS) == length - 1  # eos at the reference's last position
+      assert (row[:length - 1] != EOS).all() and not row[length:].any()
+
+
+def test_bounds_that_allow_every_length_change_nothing_bitwise():
+  table = np.random.default_rng(6).normal(size=(3, 6, VOCAB, VOCAB))
+  table[..., EOS] += 1.0  # some outputs end early
+  tokens_to_logits, init_cache = previous_token_decoder(table)
+  loose = {"min_len": np.ones(3, np.int32), "max_len": np.full(3, 6, np.int32)}
+  plain = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=3, beam_size=2,
+                             max_decode_len=6)
+  bounded = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=3, beam_size=2,
+                               max_decode_len=6, **loose)
+  assert (np.asarray(plain[0]) == EOS).any(axis=-1).all()
+  for want, got in zip(plain, bounded):
+    assert np.array_equal(np.asarray(want), np.asarray(got))  # bitwise, scores included
+  greedy = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3, max_decode_len=6)
+  np.testing.assert_array_equal(
+      greedy, decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3,
+                                   max_decode_len=6, **loose))

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from relpos.experiments import analysis
 from relpos.experiments import plots
@@ -76,7 +77,7 @@ def test_table_says_where_the_time_went(tmp_path):
   text = report.write_table(str(path), str(tmp_path / "table.md"))
   assert ("Time per run (mean of 2): 120 s = training 90 s (steps, compilation, checkpoints) + "
           "validation during training 10 s + final evaluation 20 s (every split, position "
-          "statistics).") in text
+          "statistics, length diagnostics).") in text
 
 
 def test_welch_against_the_closed_form():
@@ -292,3 +293,114 @@ def test_table_of_a_task_with_its_own_test_split(tmp_path):
   assert verdicts["1."] == verdicts["2."] == "not enough seeds"
   assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
       "bleu_vs_length.png"]
+
+
+def _length_run(row, seed, test, long, oracle, *, ratio=0.8, shorter=0.6):
+  """A length-table run with the schema-5 diagnostics: test_long at `long`, `oracle` at the
+  references' lengths, length ratio `ratio` on test_long (1.0 on test)."""
+  run = _run("length", row, seed, test, long)
+  run["oracle_length"] = {
+      "test": {"bleu": test, "bleu_by_source_length": {"3-6": test + 2, "7-12": test - 2}},
+      "test_long": {"bleu": oracle,
+                    "bleu_by_source_length": {"13-18": oracle + 1, "19-24": oracle - 1}}}
+  stats = lambda r, s: {"ratio": r, "shorter": s, "longer": 0.1, "num_sentences": 10}
+  run["length_statistics"] = {
+      "test": {"unit": "tokens", **stats(1.0, 0.0),
+               "by_source_length": {"3-6": stats(1.0, 0.0), "7-12": stats(1.0, 0.0)}},
+      "test_long": {"unit": "tokens", **stats(ratio, shorter),
+                    "by_source_length": {"13-18": stats(ratio + 0.1, shorter),
+                                         "19-24": stats(ratio - 0.1, shorter)}}}
+  run["token_accuracy_by_position"] = {
+      split: {"accuracy": [1.0] * 8 + [0.5] * 4 + [0.0] * 4 + [None] * 4,
+              "count": [40] * 8 + [20] * 4 + [9] * 4 + [0] * 4, "eos_accuracy": 0.25,
+              "accuracy_all": 0.5} for split in ("test", "test_long")}
+  run["attention_profile"] = {
+      split: {"normalized_entropy": normalized, "count_by_query": [20, 20, 5],
+              "entropy_by_query": [[1.0 + shift, 2.0 + shift, 3.0], [0.5, 1.5 + shift, None]]}
+      for split, normalized, shift in (("test", [0.5, 0.7], 0.0), ("test_long", [0.4, 0.6], 1.0))}
+  return run
+
+
+def _length_runs():
+  """Three seeds of abs, rel_kv, shape (over abs) and rel_kv_concat (over rel_kv)."""
+  runs = []
+  for seed in range(3):
+    runs += [_length_run("abs", seed, 96.0 + seed, 28.0 + seed, 62.0 + seed),
+             _length_run("rel_kv", seed, 97.0 + seed, 25.0 + 2 * seed, 25.5 + 2 * seed),
+             _length_run("shape", seed, 90.0 + seed, 40.0 + seed, 70.0 + seed),
+             _length_run("rel_kv_concat", seed, 97.0 + seed, 26.0 + 2 * seed, 60.0)]
+  return runs
+
+
+def test_length_table_columns_and_diagnostics():
+  text = report.render_table(_length_runs())
+  # abs: test 97 ± 1, test_long 29 ± 1, oracle 63 ± 1; drop recovered (63 - 29) / (97 - 29)
+  assert ("| abs | 3 | 97.0 ± 1.0 | 29.0 ± 1.0 | 63.0 ± 1.0 | 0.80 ± 0.00 | 60% ± 0% | "
+          "10% ± 0% | 50% ± 0% |") in text
+  assert "BLEU → BLEU at oracle length, by source length (words), test_long:" in text
+  assert "| abs | 30.0 ± 1.0 → 64.0 ± 1.0 | 28.0 ± 1.0 → 62.0 ± 1.0 |" in text
+  assert "| abs | 0.90 ± 0.00 (60% ± 0% short) | 0.70 ± 0.00 (60% ± 0% short) |" in text
+  # Positions 0-7: 100%; 8-15: (4 x 20 x 0.5 + 4 x 9 x 0) / (4 x 20 + 4 x 9) = 34.5%.
+  assert "| row | 0-7 | 8-15 | eos |" in text
+  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
+  assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
+  assert "## The paper's findings" not in text  # a length table alone
+
+
+def test_length_findings_judged_by_welch():
+  found = {f: (v, e) for f, v, e in report.length_findings(_length_runs())}
+  # (i) rel_kv (25, 27, 29) against abs (28, 29, 30): no significant gain.
+  verdict, evidence = found["(i) rel_kv beats abs on test_long (Rosendahl et al. 2019)"]
+  p = stats.ttest_ind([25.0, 27.0, 29.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  assert verdict == "no" and evidence.endswith(f"p = {p:.2g}")
+  assert found["(i) t5 beats abs on test_long (Rosendahl et al. 2019)"][0] == "not run"
+  # (ii) abs: oracle 62-64 vs 28-30 (exact +34, no spread): yes, half of the drop recovered;
+  # rel_kv: +0.5 only.
+  p = stats.ttest_ind([62.0, 63.0, 64.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  # 95% interval: 34 ± t(0.975, df 4) * sqrt(2 / 3) = 34 ± 2.776 * 0.816
+  assert found["(ii) abs: oracle length lifts test_long"] == (
+      "yes", "recovers 50% ± 0% of the drop; oracle 63.0 ± 1.0 vs 29.0 ± 1.0: "
+             f"+34.0 [+31.7, +36.3], p = {p:.2g}")
+  assert found["(ii) rel_kv: oracle length lifts test_long"][0] == "no"
+  # (iii) shape over abs: +12 on test_long at a cost of 6 on test.
+  verdict, evidence = found["(iii) shape lifts test_long over abs"]
+  assert verdict == "yes"
+  p = stats.ttest_ind([40.0, 41.0, 42.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  cost = stats.ttest_ind([90.0, 91.0, 92.0], [96.0, 97.0, 98.0], equal_var=False).pvalue
+  assert evidence == (f"test_long shape 41.0 ± 1.0 vs abs 29.0 ± 1.0: +12.0 [+9.7, +14.3], "
+                      f"p = {p:.2g}; change on test -6.0 [-8.3, -3.7], p = {cost:.2g}")
+  assert found["(iii) rel_kv_concat lifts test_long over rel_kv"][0] == "no"  # +1, p large
+  assert found["(iii) fire lifts test_long over t5"][0] == "not run"
+  two_seeds = [r for r in _length_runs() if r["seed"] < 2]
+  assert {v for f, v, _ in report.length_findings(two_seeds)} <= {"not enough seeds",
+                                                                  "not run"}
+
+
+def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, figures):
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": 5, "runs": _length_runs()}))
+  plots.plot_results(str(path), "out")
+  fig = figures["length_oracle.png"]
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
+  beam, oracle = panels[0].containers  # abs, mean over seeds by bucket
+  np.testing.assert_allclose(beam.lines[0].get_ydata(), [99.0, 95.0, 30.0, 28.0])
+  np.testing.assert_allclose(oracle.lines[0].get_ydata(), [99.0, 95.0, 64.0, 62.0])
+  ratio = figures["length_ratio.png"].axes[0]
+  lines = [c for c in ratio.containers]
+  assert [c.get_label() for c in lines] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
+  np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, 0.9, 0.7])
+  test, test_long = figures["token_accuracy.png"].axes
+  assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
+  abs_line = test_long.get_lines()[0]
+  assert abs_line.get_label() == "abs"
+  # Positions 0-11 (12-15 have 9 targets, fewer than MIN_TOKENS_PER_POSITION: not drawn).
+  np.testing.assert_allclose(abs_line.get_xdata(), range(12))
+  np.testing.assert_allclose(abs_line.get_ydata(), [100.0] * 8 + [50.0] * 4)
+  assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position
+  entropy = [ax for ax in figures["attention_entropy.png"].axes if ax.get_visible()][0]
+  assert entropy.get_title() == "abs"
+  # Per split and layer; position 2 (5 sentences, fewer than 10) is not drawn.
+  assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()] == [
+      ("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
+      ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]

@@ -97,7 +97,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
       datetime.timedelta(hours=1))
   environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
                  "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
-  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 4
+  assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 5
   assert {k: results[k] for k in environment} == environment
   for run in runs:
     assert {k: run["environment"][k] for k in environment} == environment
@@ -121,6 +121,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert set(latest) == {"validation", "test", "test_long"}
     assert latest["test"]["step"] == 4 and latest["test"]["num_sentences"] == 8
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
+    _check_length_diagnostics(run)
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
     assert isinstance(stats["longest_distance"], int) and stats["longest_distance"] >= 2
@@ -140,6 +141,25 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   names = sorted(os.path.basename(p) for p in outputs["plots"])
   assert names == ["attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png",
                    "qak_by_offset.png"]
+
+
+def _check_length_diagnostics(run: dict) -> None:
+  """The schema-5 length diagnostics of a finished tiny run (8 sentences a split)."""
+  for split in ("test", "test_long"):
+    lengths = run["length_statistics"][split]
+    assert lengths["num_sentences"] == 8 and lengths["ratio"] >= 0.0
+    assert set(lengths["by_source_length"]) == set(run["bleu_by_source_length"][split])
+    assert sum(b["num_sentences"] for b in lengths["by_source_length"].values()) == 8
+    oracle = run["oracle_length"][split]
+    assert oracle["num_sentences"] == 8 and 0.0 <= oracle["bleu"] <= 100.0
+    assert set(oracle["bleu_by_source_length"]) == set(run["bleu_by_source_length"][split])
+    assert oracle["length_ratio"] == pytest.approx(1.0, abs=0.1)  # re-encoded from text
+    accuracy = run["token_accuracy_by_position"][split]
+    assert len(accuracy["accuracy"]) == len(accuracy["count"]) == 2 * 48  # 2 x task.max_length
+    assert accuracy["count"][0] == 8  # every target has a first token
+    profile = run["attention_profile"][split]
+    assert len(profile["normalized_entropy"]) == 1  # one encoder layer
+    assert 0.0 <= profile["normalized_entropy"][0] <= 1.0 + 1e-6
 
 
 def test_rerun_skips_finished_rows(finished_table, monkeypatch):
@@ -165,6 +185,18 @@ def test_unknown_row_and_override_fail_before_any_work(tmp_path):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      rows=["abs"], overrides={"train.num_stepz": 3})
   assert not os.listdir(tmp_path)
+
+
+def test_the_length_table_rows_and_their_task_fields():
+  assert runner.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
+                                     "randomized", "rel_kv_concat")
+  assert runner.row_in_table("rel_k", "length") and not runner.row_in_table("k=4", "length")
+  config = runner.run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
+  assert (config.seed, config.train.num_steps) == (2, 3)
+  assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
+  override = runner.run_config("rel_kv_concat", 0, "synthetic",
+                               {"task.concat_probability": 0.0})  # the command line wins
+  assert override.task.concat_probability == 0.0
 
 
 def test_length_buckets_cover_every_sentence():

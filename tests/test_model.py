@@ -268,6 +268,20 @@ def test_translate_equals_uncached_search(beam_size):
   assert decode._translate._cache_size() == compiled  # same shapes: no retracing.
 
 
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translate_with_oracle_lengths_ends_each_output_at_its_length(beam_size):
+  model = make_model(position="relative", num_encoder_layers=1, logits_via_embedding=False)
+  model.decoder.logits.bias[...] = jnp.zeros(VOCAB).at[EOS].set(3.0)  # eos comes first
+  inputs = jnp.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0], [9, 10, 11, 12, 13, 1]])
+  plain = np.asarray(decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8))
+  assert (plain[:, 0] == EOS).all()  # unbounded, every output is empty
+  lengths = np.array([5, 2, 8])
+  tokens = np.asarray(decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8,
+                                       min_len=lengths, max_len=lengths))
+  for row, length in zip(tokens, lengths):
+    assert list(row).index(EOS) == length - 1 and not row[length:].any()
+
+
 # Mixed precision: bfloat16 against float32 on the same float32 parameters. Tolerance: the
 # logits of the tiny model (magnitude about 1-3) within 0.1, and the next-token probabilities
 # within 0.02: bfloat16 keeps 8 bits of mantissa, so each activation is off by up to 0.4%.

@@ -11,9 +11,14 @@ encoder layer (self-attention, averaged over heads, sentences and query tokens):
 - "longest_distance": the largest |j - i| within one of the sentences (their longest length
   minus 1), the distances the plots show.
 
+`attention_profile` measures, per encoder layer, how spread out each query's attention is
+("entropy_by_query", in nats, by query position) and the offset profile above; the runner
+computes it on short (test) and long (test_long) sources beside each other (issue #27).
+
 The runner stores these in each run's result.json, so `plot_learned_positions` draws from
 results.json alone.
 """
+from collections.abc import Iterator
 
 import os
 from collections.abc import Sequence
@@ -58,6 +63,27 @@ def _mean_by_offset(weights: np.ndarray, valid: np.ndarray) -> list[float | None
   return means
 
 
+def _encoder_attention(model: model_lib.Transformer, inputs: np.ndarray
+                       ) -> Iterator[tuple[Any, jnp.ndarray, np.ndarray]]:
+  """Runs the encoder on `inputs` [batch, n] (PAD_ID padded) one layer at a time.
+
+  Yields:
+    Per layer: (its self-attention module, the sublayer input [batch, n, emb_dim], the
+    attention weights [batch, heads, n, n] as numpy float32).
+  """
+  encoder = model.encoder
+  valid = inputs != tokenizer_lib.PAD_ID
+  positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)[None]
+  mask = jnp.asarray(valid[:, None, :, None] & valid[:, None, None, :])
+  x = encoder.embed_tokens(jnp.asarray(inputs), positions, True)
+  for layer in encoder.layers:
+    attention = layer.self_attention
+    sublayer_input = layer.attention_residual.sublayer_input(x)
+    weights = attention.attention_weights(sublayer_input, mask=mask, query_positions=positions)
+    yield attention, sublayer_input, np.asarray(weights)
+    x = layer(x, mask=mask, positions=positions, deterministic=True)
+
+
 def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dict[str, Any]:
   """Encoder position statistics (see the module docstring) on a batch of sources.
 
@@ -70,19 +96,12 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
      "offsets": list of offsets, "longest_distance": int, plus "qak_by_offset"
      [layer][2k+1] and "max_distance" for a^K, "t5_bias" [buckets][heads] for t5}.
   """
-  encoder = model.encoder
   valid = inputs != tokenizer_lib.PAD_ID
-  positions = jnp.arange(inputs.shape[1], dtype=jnp.int32)[None]
-  mask = jnp.asarray(valid[:, None, :, None] & valid[:, None, None, :])
-  x = encoder.embed_tokens(jnp.asarray(inputs), positions, True)
   stats: dict[str, Any] = {"offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
                            "attention_by_offset": [],
                            "longest_distance": int(valid.sum(axis=1).max()) - 1}
-  for layer in encoder.layers:
-    attention = layer.self_attention
-    sublayer_input = layer.attention_residual.sublayer_input(x)
-    weights = attention.attention_weights(sublayer_input, mask=mask, query_positions=positions)
-    stats["attention_by_offset"].append(_mean_by_offset(np.asarray(weights), valid))
+  for attention, sublayer_input, weights in _encoder_attention(model, inputs):
+    stats["attention_by_offset"].append(_mean_by_offset(weights, valid))
     tables = attention.position
     if isinstance(tables, relative.RelativePositionTables) and tables.rel_key is not None:
       query = attention.query(sublayer_input)  # [batch, n, heads, depth]
@@ -92,13 +111,70 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
       stats.setdefault("qak_by_offset", []).append(
           (logits * valid[:, :, None, None]).sum((0, 1, 2)) / (valid.sum() * logits.shape[2]))
       stats["max_distance"] = tables.max_distance
-    x = layer(x, mask=mask, positions=positions, deterministic=True)
   if "qak_by_offset" in stats:
     stats["qak_by_offset"] = [row.tolist() for row in stats["qak_by_offset"]]
-  t5_bias = encoder.layers[0].self_attention.position
+  t5_bias = model.encoder.layers[0].self_attention.position
   if isinstance(t5_bias, t5.T5RelativeBias):
     stats["t5_bias"] = np.asarray(t5_bias.embedding[...]).tolist()
   return stats
+
+
+def _entropy(weights: np.ndarray) -> np.ndarray:
+  """Entropy (nats) of each query's attention, averaged over heads: weights [batch, heads, n,
+  n] -> [batch, n] (0 * log 0 counts 0)."""
+  positive = weights > 0
+  terms = np.where(positive, -weights * np.log(np.where(positive, weights, 1.0)), 0.0)
+  return terms.sum(-1).mean(1)  # sum over keys, mean over heads
+
+
+def attention_entropy(weights: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """Entropy (nats) of each valid query's attention, averaged over heads and sentences.
+
+  Args:
+    weights: [batch, heads, n, n], rows summing to 1 over the valid keys.
+    valid: bool [batch, n], True on tokens.
+
+  Returns:
+    (mean entropy by query position [n] (nan where no sentence has that position), the
+     number of sentences with a token there [n]).
+  """
+  entropy = _entropy(weights)  # [batch, n]
+  count = valid.sum(0)
+  total = (entropy * valid).sum(0)
+  return np.where(count > 0, total / np.maximum(count, 1), np.nan), count
+
+
+def attention_profile(model: model_lib.Transformer, inputs: np.ndarray) -> dict[str, Any]:
+  """How the encoder's self-attention spreads on a batch of sources, per layer.
+
+  Args:
+    model: a restored Transformer.
+    inputs: int32 [batch, n] source tokens, PAD_ID padded, one sentence a row.
+
+  Returns:
+    {"entropy_by_query": [layer][n] mean entropy (nats) of query position i's attention
+     (None where no sentence is that long), "count_by_query": [n] sentences per position,
+     "normalized_entropy": [layer] mean over queries of entropy / log(sentence length)
+     (1 = uniform over the sentence, 0 = one key), "attention_by_offset": [layer][offsets]
+     as in `position_statistics`, "offsets", "mean_length": mean tokens per sentence}.
+  """
+  valid = inputs != tokenizer_lib.PAD_ID
+  lengths = valid.sum(1)  # [batch]
+  # log of each sentence's length, 1 for one-token sentences (their entropy is 0)
+  log_length = np.log(np.maximum(lengths, 2))[:, None]  # [batch, 1]
+  profile: dict[str, Any] = {"entropy_by_query": [], "normalized_entropy": [],
+                             "attention_by_offset": [],
+                             "offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
+                             "mean_length": float(lengths.mean())}
+  for _, _, weights in _encoder_attention(model, inputs):
+    by_query, _ = attention_entropy(weights, valid)
+    entropy = _entropy(weights)  # [batch, n]
+    profile["entropy_by_query"].append([None if np.isnan(e) else float(e) for e in by_query])
+    profile["normalized_entropy"].append(
+        float((entropy / log_length * valid).sum() / valid.sum()))
+    profile["attention_by_offset"].append(_mean_by_offset(weights, valid))
+  profile["count_by_query"] = valid.sum(0).tolist()
+  return profile
 
 
 def _first_with(runs: list[dict], key: str) -> dict[str, dict]:

@@ -1,4 +1,5 @@
-"""PNG plots made from `results.json`: BLEU against k, source length and training step.
+"""PNG plots made from `results.json`: BLEU against k, source length and training step, and
+for the length table BLEU by source length beside oracle-length BLEU and the length ratio.
 
 Every title names the task, the table and the seeds its points average over.
 """
@@ -164,10 +165,199 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
   return save(fig, path)
 
 
+def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]], value
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(x, means, stds) over seeds of value(run, split, bucket) (None: missing) per bucket."""
+  points = []
+  for x, (split, bucket) in enumerate(buckets):
+    values = [v for v in (value(r, split, bucket) for r in runs) if v is not None]
+    if values:
+      points.append((x, *report.mean_std(values)))
+  return tuple(np.array(column) for column in zip(*points)) if points else ((), (), ())
+
+
+def _plain_bleu(run: dict, split: str, bucket: str) -> float | None:
+  return run.get("bleu_by_source_length", {}).get(split, {}).get(bucket)
+
+
+def _oracle_bleu(run: dict, split: str, bucket: str) -> float | None:
+  oracle = run.get("oracle_length", {}).get(split, {})
+  return oracle.get("bleu_by_source_length", {}).get(bucket)
+
+
+def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
+  stats = run.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
+  return stats[bucket]["ratio"] if bucket in stats else None
+
+
+def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], list[str]]:
+  """(the length table's runs with diagnostics, their (split, bucket) points in order, rows)."""
+  table = [r for r in runs if r["table"] == "length" and "oracle_length" in r]
+  held_out = [s for s in report.splits_in_order(table) if s != "validation"]
+  buckets = [(s, b) for s in held_out for b in report.length_buckets(table, s)]
+  return table, buckets, report.rows_in_order(table, "length")
+
+
+def _bucket_axis(ax, buckets: list[tuple[str, str]]) -> None:
+  """Bucket labels on the x axis, a dotted line where the longer-than-training split begins."""
+  if any(s == "test_long" for s, _ in buckets):
+    ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey",
+               linestyle=":")
+  ax.set_xticks(range(len(buckets)))
+  ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
+
+
+def plot_length_oracle(runs: list[dict], path: str) -> str | None:
+  """The length table: BLEU by source length (solid) beside BLEU at the references' lengths
+  (oracle length, dashed), mean ± std over seeds, one panel per row.
+
+  Returns:
+    The path written, or None when no length-table run has oracle-length scores.
+  """
+  table, buckets, rows = _length_runs(runs)
+  if not buckets:
+    return None
+  fig, axes = _panels(len(rows), width=3.6, height=2.8)
+  for ax, row in zip(axes, rows):
+    row_runs = [r for r in table if r["row"] == row]
+    ax.errorbar(*_bucket_points(row_runs, buckets, _plain_bleu), fmt="o-", color="C0",
+                capsize=3, markersize=4, label="beam search")
+    ax.errorbar(*_bucket_points(row_runs, buckets, _oracle_bleu), fmt="s--", color="C3",
+                capsize=3, markersize=4, label="oracle length")
+    ax.set_title(row, fontsize=9)
+    _bucket_axis(ax, buckets)
+  axes[0].legend(fontsize=7)
+  for ax in axes[-min(3, len(rows)):]:
+    ax.xaxis.set_tick_params(labelbottom=True)
+    ax.set_xlabel("source length (words)", fontsize=8)
+  for ax in axes[::3]:
+    ax.set_ylabel("BLEU", fontsize=8)
+  fig.suptitle("BLEU by source length, and with eos forced at the reference's length (oracle "
+               "length)\nright of the dotted line: longer than training; "
+               f"{describe(table)}", fontsize=9)
+  return save(fig, path)
+
+
+def plot_length_ratio(runs: list[dict], path: str) -> str | None:
+  """The length table: hypothesis/reference length ratio (target tokens) by source length,
+  one line per row (mean over seeds, bars ± std).
+
+  Returns:
+    The path written, or None when no length-table run has length statistics.
+  """
+  table, buckets, rows = _length_runs(runs)
+  if not buckets:
+    return None
+  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  for index, row in enumerate(rows):
+    x, means, stds = _bucket_points([r for r in table if r["row"] == row], buckets,
+                                    _length_ratio)
+    ax.errorbar(np.asarray(x) + 0.03 * (index - len(rows) / 2), means, yerr=stds, fmt=".-",
+                capsize=2, color=f"C{index % 10}", label=row)
+  ax.axhline(1.0, color="black", linewidth=0.8)
+  _bucket_axis(ax, buckets)
+  ax.set_xlabel("source length (words)")
+  ax.set_ylabel("hypothesis / reference length")
+  ax.set_title("Hypothesis / reference length in target tokens (below 1: too short)\n"
+               f"right of the dotted line: longer than training; {describe(table)}", fontsize=9)
+  ax.legend(fontsize=7, ncol=3)
+  return save(fig, path)
+
+
+def _mean_curve(curves: list[list[float | None]]) -> tuple[np.ndarray, np.ndarray]:
+  """(positions, mean over curves) where at least one curve has a value (None: no value)."""
+  points = []
+  for position in range(max(len(c) for c in curves)):
+    values = [c[position] for c in curves if position < len(c) and c[position] is not None]
+    if values:
+      points.append((position, sum(values) / len(values)))
+  return np.array([p for p, _ in points]), np.array([v for _, v in points])
+
+
+# Token accuracies at a target position that fewer targets of a run reach are not drawn.
+MIN_TOKENS_PER_POSITION = 10
+
+
+def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
+  """The length table: teacher-forced token accuracy by target position, one panel per test
+  split, one line per row (mean over seeds; positions with at least MIN_TOKENS_PER_POSITION
+  targets); a dotted line after the last position `test` targets reach.
+
+  Returns:
+    The path written, or None when no length-table run has token accuracies.
+  """
+  table = [r for r in runs if r["table"] == "length" and "token_accuracy_by_position" in r]
+  if not table:
+    return None
+  splits = [s for s in report.splits_in_order(table)
+            if s in table[0]["token_accuracy_by_position"]]
+  rows = report.rows_in_order(table, "length")
+  fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4), sharey=True,
+                           squeeze=False)
+  short = [r["token_accuracy_by_position"].get("test", {}).get("count", []) for r in table]
+  reach = max((i for counts in short for i, c in enumerate(counts) if c), default=None)
+  for ax, split in zip(axes[0], splits):
+    for index, row in enumerate(rows):
+      stats = [r["token_accuracy_by_position"][split] for r in table if r["row"] == row]
+      curves = [[100 * a if c >= MIN_TOKENS_PER_POSITION else None
+                 for a, c in zip(s["accuracy"], s["count"])] for s in stats]
+      ax.plot(*_mean_curve(curves), ".-", markersize=3, color=f"C{index % 10}", label=row)
+    if reach is not None and split != "test":
+      ax.axvline(reach + 0.5, color="grey", linestyle=":")
+    ax.set_title(split, fontsize=9)
+    ax.set_xlabel("target position (tokens, from 0)")
+  axes[0][0].set_ylabel("token accuracy (%), teacher-forced")
+  axes[0][0].legend(fontsize=7, ncol=2)
+  fig.suptitle("Teacher-forced next-token accuracy by target position (positions that at "
+               f"least {MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: longer "
+               f"than any test target)\n{describe(table)}", fontsize=9)
+  return save(fig, path)
+
+
+def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
+  """The length table: the encoder's self-attention entropy by query position on test
+  sources (solid) and test_long sources (dashed), one panel per row (lowest seed), one colour
+  per layer.
+
+  Returns:
+    The path written, or None when no length-table run has attention profiles.
+  """
+  table = [r for r in runs if r["table"] == "length" and "attention_profile" in r]
+  if not table:
+    return None
+  rows = report.rows_in_order(table, "length")
+  fig, axes = _panels(len(rows), width=3.6, height=2.8)
+  for ax, row in zip(axes, rows):
+    run = min((r for r in table if r["row"] == row), key=lambda r: r["seed"])
+    for split, style in zip(run["attention_profile"], ("-", "--", ":")):
+      profile = run["attention_profile"][split]
+      for layer, entropy in enumerate(profile["entropy_by_query"]):
+        counts = profile["count_by_query"]
+        ax.plot(*_mean_curve([[e if c >= MIN_TOKENS_PER_POSITION else None
+                               for e, c in zip(entropy, counts)]]),
+                style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
+    ax.set_title(row, fontsize=9)
+  axes[0].legend(fontsize=6)
+  for ax in axes[-min(3, len(rows)):]:
+    ax.xaxis.set_tick_params(labelbottom=True)
+    ax.set_xlabel("query position (source tokens)", fontsize=8)
+  for ax in axes[::3]:
+    ax.set_ylabel("attention entropy (nats)", fontsize=8)
+  fig.suptitle("Encoder self-attention entropy by query position, test (solid) and test_long "
+               "(dashed) sources\nmean over heads and sentences, positions at least "
+               f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n\n"
+               f"{describe(table)}", fontsize=9)
+  return save(fig, path)
+
+
 def plot_results(results_path: str, output_dir: str) -> list[str]:
   """Writes every plot that `results.json` supports; returns their paths."""
   runs = report.load_runs(results_path)
   made = [plot_bleu_vs_k(runs, os.path.join(output_dir, "bleu_vs_k.png")),
           plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png")),
-          plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png"))]
+          plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png")),
+          plot_length_oracle(runs, os.path.join(output_dir, "length_oracle.png")),
+          plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png")),
+          plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png")),
+          plot_attention_entropy(runs, os.path.join(output_dir, "attention_entropy.png"))]
   return [p for p in made if p]

@@ -22,7 +22,20 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      "other_checkpoints": {"average:10": {split: {...}}, ...} (schema 4: the scores of
      `decode.other_checkpoints` beside `decode.checkpoint`'s),
      "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
-     "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...}}
+     "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...},
+     schema 5, the length diagnostics (`relpos.experiments.diagnostics`), per test split:
+     "length_statistics": {split: {"unit", "ratio", "shorter", "longer", "num_sentences",
+       "by_source_length": {bucket: {"ratio", "shorter", "longer", "num_sentences"}}}},
+     "oracle_length": {split: {"bleu", "chrf", ..., "bleu_by_source_length": {...}}},
+     "token_accuracy_by_position": {split: {"accuracy": [...], "count": [...],
+       "eos_accuracy", "accuracy_all"}},
+     "attention_profile": {split: {"entropy_by_query": [layer][position],
+       "normalized_entropy": [layer], "attention_by_offset", "offsets", "count_by_query",
+       "mean_length"}}}
+
+The `length` table (issue #27) shows test and test_long BLEU beside test_long BLEU at the
+references' lengths (oracle length) and the test_long length ratio, with its own findings
+(`length_findings`).
 """
 
 import json
@@ -33,6 +46,7 @@ from typing import NamedTuple
 
 from scipy import stats
 
+from configs import ablation
 from relpos.experiments import paper
 
 # A predicted gap must be at least this many BLEU; a predicted match may miss by this much.
@@ -45,8 +59,10 @@ MIN_SEEDS = 3
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
 # run's validation_curve; 3: + each run's time_s; 4: + each run's starts, commits and
-# other_checkpoints, and time_s summed over every start of a run.
-RESULTS_SCHEMA_VERSION = 4
+# other_checkpoints, and time_s summed over every start of a run; 5: + each run's length
+# diagnostics (length_statistics, oracle_length, token_accuracy_by_position, attention_profile)
+# and the length table.
+RESULTS_SCHEMA_VERSION = 5
 
 
 def load_runs(results_path: str) -> list[dict]:
@@ -258,6 +274,9 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   if not rows:
     return []
   table_runs = [r for r in runs if r["table"] == table]
+  if table == "length":
+    return (["## length", "", *_length_table_lines(table_runs, rows), *_time_lines(table_runs),
+             *_diagnostics_lines(runs, table, rows)])
   splits = splits_in_order(table_runs)
   test_split = main_test_split(table_runs)
   # Lower-cased BLEU and chrF only where every run has them (older runs lack the first).
@@ -291,9 +310,10 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
               f"{mean_std(speed)[0]:.2f}" if speed else "–"]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", *_time_lines(table_runs)]
+  with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
   for split in [s for s in splits if s != "validation"]:
     buckets = length_buckets(table_runs, split)
-    if not buckets:
+    if not buckets or with_oracle:
       continue
     lines += [f"BLEU by source length (words), {split}:", "",
               "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
@@ -307,7 +327,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
         cells.append(_format(values))
       lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines.append("")
-  return lines
+  return lines + _diagnostics_lines(runs, table, rows)
 
 
 def other_checkpoints(runs: list[dict]) -> list[str]:
@@ -333,7 +353,271 @@ def _time_lines(runs: list[dict]) -> list[str]:
   return [f"Time per run (mean of {len(timed)}): {mean([r['wall_time_s'] for r in timed]):.0f} s"
           f" = training {parts['training']:.0f} s (steps, compilation, checkpoints) + "
           f"validation during training {parts['validation']:.0f} s + final evaluation "
-          f"{parts['evaluation']:.0f} s (every split, position statistics).", ""]
+          f"{parts['evaluation']:.0f} s (every split, position statistics, length "
+          f"diagnostics).", ""]
+
+
+def long_split(runs: list[dict]) -> str:
+  """The split the length table is about: `test_long` where scored, else the main test split
+  (a task without a longer split)."""
+  return "test_long" if "test_long" in splits_in_order(runs) else main_test_split(runs)
+
+
+def _row_runs(runs: list[dict], table: str, row: str) -> list[dict]:
+  return [r for r in runs if r["table"] == table and r["row"] == row]
+
+
+def _oracle(runs: list[dict], split: str) -> list[float]:
+  """Oracle-length BLEU of `split`, one per run that has it (schema 5)."""
+  return [r["oracle_length"][split]["bleu"] for r in runs
+          if split in r.get("oracle_length", {})]
+
+
+def _length_value(runs: list[dict], split: str, name: str) -> list[float]:
+  """`length_statistics[split][name]` ("ratio", "shorter", "longer"), one per run."""
+  return [r["length_statistics"][split][name] for r in runs
+          if split in r.get("length_statistics", {})]
+
+
+def recovered_shares(runs: list[dict], test_split: str, long: str) -> list[float]:
+  """Per run: the share of its drop (test BLEU minus long-split BLEU) that oracle-length
+  decoding of the long split recovers, (oracle - long) / (test - long); runs without a drop
+  or an oracle score are left out."""
+  shares = []
+  for r in runs:
+    if long not in r.get("oracle_length", {}) or test_split == long:
+      continue
+    test, plain = r["scores"][test_split]["bleu"], r["scores"][long]["bleu"]
+    if test > plain:
+      shares.append((r["oracle_length"][long]["bleu"] - plain) / (test - plain))
+  return shares
+
+
+def _percent(values: Sequence[float]) -> str:
+  if not values:
+    return "–"
+  mean, std = mean_std(values)
+  return f"{100 * mean:.0f}% ± {100 * std:.0f}%" if len(values) > 1 else f"{100 * mean:.0f}%"
+
+
+def _ratio(values: Sequence[float]) -> str:
+  if not values:
+    return "–"
+  mean, std = mean_std(values)
+  return f"{mean:.2f} ± {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
+
+
+def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
+  """The main table of the length table: test, long split, long split at oracle length, its
+  length ratio and early / late stops, and the share of the drop oracle length recovers."""
+  test_split, long = main_test_split(runs), long_split(runs)
+  splits = [test_split] + ([long] if long != test_split else [])
+  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits]
+            + [f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter",
+               f"{long} longer", "drop recovered by oracle length"])
+  lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+  for row in rows:
+    row_runs = _row_runs(runs, "length", row)
+    cells = [row, str(len(row_runs))]
+    cells += [_format(_scores(runs, "length", row, s)) for s in splits]
+    cells += [_format(_oracle(row_runs, long)), _ratio(_length_value(row_runs, long, "ratio")),
+              _percent(_length_value(row_runs, long, "shorter")),
+              _percent(_length_value(row_runs, long, "longer")),
+              _percent(recovered_shares(row_runs, test_split, long))]
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines + ["", f"Length ratio: hypothesis over reference length, summed over the split, "
+                      f"in target tokens (the task's SentencePiece pieces, eos excluded); "
+                      f"shorter / longer: the share of hypotheses that stop before / run past "
+                      f"their reference's length. Oracle length: beam search with eos "
+                      f"forbidden before the reference's length in target tokens and forced "
+                      f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
+                      f"({test_split} - {long}) BLEU, per seed.", ""]
+
+
+def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
+                  cell) -> list[str]:
+  """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
+  buckets = length_buckets(runs, split)
+  if not buckets:
+    return []
+  lines = [title, "", "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
+           "|" + " --- |" * (len(buckets) + 1)]
+  for row in rows:
+    row_runs = _row_runs(runs, table, row)
+    lines.append(f"| {row} | " + " | ".join(cell(row_runs, b) for b in buckets) + " |")
+  return lines + [""]
+
+
+def _diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """The length diagnostics of a table's runs (schema 5), per test split: BLEU and oracle-
+  length BLEU by source length, the length ratio and early stops by source length, the
+  teacher-forced token accuracy by target position and the encoder's attention entropy."""
+  table_runs = [r for r in runs if r["table"] == table and "length_statistics" in r]
+  if not table_runs:
+    return []
+  lines = []
+  for split in [s for s in splits_in_order(table_runs) if s != "validation"]:
+    def bleu_cell(row_runs, bucket, split=split):
+      plain = [r["bleu_by_source_length"][split][bucket] for r in row_runs
+               if bucket in r.get("bleu_by_source_length", {}).get(split, {})]
+      oracle = [r["oracle_length"][split]["bleu_by_source_length"][bucket] for r in row_runs
+                if bucket in r.get("oracle_length", {}).get(split, {}).get(
+                    "bleu_by_source_length", {})]
+      return f"{_format(plain)} → {_format(oracle)}"
+
+    def ratio_cell(row_runs, bucket, split=split):
+      stats = [r["length_statistics"][split]["by_source_length"][bucket] for r in row_runs
+               if bucket in r.get("length_statistics", {}).get(split, {}).get(
+                   "by_source_length", {})]
+      return (f"{_ratio([x['ratio'] for x in stats])} "
+              f"({_percent([x['shorter'] for x in stats])} short)") if stats else "–"
+
+    lines += _bucket_table(table_runs, rows, table, split,
+                           f"BLEU → BLEU at oracle length, by source length (words), {split}:",
+                           bleu_cell)
+    lines += _bucket_table(table_runs, rows, table, split,
+                           f"Length ratio (target tokens) and share of early stops, by source "
+                           f"length (words), {split}:", ratio_cell)
+  lines += _accuracy_lines(table_runs, table, rows)
+  lines += _attention_lines(table_runs, table, rows)
+  return lines
+
+
+# Target positions are shown in ranges of this many tokens.
+POSITION_RANGE = 8
+
+
+def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """Teacher-forced token accuracy (%) by target position range and on eos, per test split."""
+  lines = []
+  for split in [s for s in splits_in_order(runs) if s != "validation"]:
+    have = [r for r in runs if split in r.get("token_accuracy_by_position", {})]
+    if not have:
+      continue
+    counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"]
+                                    for r in have))]
+    last = max((i for i, c in enumerate(counts) if c), default=-1)
+    ranges = [(low, min(low + POSITION_RANGE, last + 1))
+              for low in range(0, last + 1, POSITION_RANGE)]
+    lines += [f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
+              f"eos, {split}:", "",
+              "| row | " + " | ".join(f"{a}-{b - 1}" if b - 1 > a else f"{a}"
+                                      for a, b in ranges) + " | eos |",
+              "|" + " --- |" * (len(ranges) + 2)]
+    for row in rows:
+      row_runs = [r for r in have if r["row"] == row]
+      cells = []
+      for low, high in ranges:
+        values = []
+        for r in row_runs:
+          stats = r["token_accuracy_by_position"][split]
+          count = sum(stats["count"][low:high])
+          if count:
+            values.append(100 * sum(a * c for a, c in zip(stats["accuracy"][low:high],
+                                                          stats["count"][low:high]) if c)
+                          / count)
+        cells.append(_format(values))
+      eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
+      lines.append(f"| {row} | " + " | ".join(cells) + f" | {_format(eos)} |")
+    lines.append("")
+  return lines
+
+
+def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """Normalized entropy of the encoder's self-attention per layer, each test split side by
+  side (1 = uniform over the sentence, 0 = one key)."""
+  splits = [s for s in splits_in_order(runs) if s != "validation"
+            and any(s in r.get("attention_profile", {}) for r in runs)]
+  if not splits:
+    return []
+  layers = max(len(r["attention_profile"][s]["normalized_entropy"]) for r in runs
+               for s in splits if s in r.get("attention_profile", {}))
+  header = [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
+  lines = [f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
+           f"key), {' / '.join(splits)} sources:", "",
+           "| row | " + " | ".join(header) + " |", "|" + " --- |" * (layers + 1)]
+  for row in rows:
+    row_runs = [r for r in runs if r["row"] == row]
+    cells = []
+    for layer in range(layers):
+      cells.append(" / ".join(
+          _ratio([r["attention_profile"][s]["normalized_entropy"][layer] for r in row_runs
+                  if s in r.get("attention_profile", {})
+                  and layer < len(r["attention_profile"][s]["normalized_entropy"])])
+          for s in splits))
+    lines.append(f"| {row} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
+def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
+  """The length table's findings, each judged by Welch's t-test over seeds (`judge`).
+
+  (i) each relative row beats abs on the long split (Rosendahl et al. 2019); (ii) per row,
+  oracle length lifts the long split (with the share of the drop it recovers); (iii) each
+  intervention of `ablation.LENGTH_BASES` lifts the long split over its base row, with its
+  cost on the test split.
+
+  Returns:
+    (finding, verdict, evidence) triples; verdict "yes", "no", "not enough seeds" or
+    "not run".
+  """
+  table_runs = [r for r in runs if r["table"] == "length"]
+  test_split, long = main_test_split(table_runs), long_split(table_runs)
+  bleu = lambda row, split: _scores(runs, "length", row, split)
+  out = []
+
+  def check(finding, a, b, *, gap, evidence, after=""):
+    """Judges a against b (`judge`); evidence() describes them, `after` follows the test."""
+    if not (a and b):
+      out.append((finding, "not run", "–"))
+      return
+    verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU)
+    out.append((finding, verdict,
+                evidence() + (f": {statistics}" if statistics else "") + after))
+
+  base = bleu("abs", long)
+  for row in ("rel_kv", "t5", "rope", "alibi", "fire"):
+    values = bleu(row, long)
+    check(f"(i) {row} beats abs on {long} (Rosendahl et al. 2019)", values, base, gap=True,
+          evidence=lambda: f"{row} {_format(values)} vs abs {_format(base)}")
+  for row in rows_in_order(runs, "length"):
+    row_runs = _row_runs(runs, "length", row)
+    oracle, plain = _oracle(row_runs, long), bleu(row, long)
+    share = recovered_shares(row_runs, test_split, long)
+    check(f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True,
+          evidence=lambda: (f"recovers {_percent(share)} of the drop; oracle "
+                            f"{_format(oracle)} vs {_format(plain)}"))
+  for row, base_row in ablation.LENGTH_BASES:
+    a, b = bleu(row, long), bleu(base_row, long)
+    cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)
+    check(f"(iii) {row} lifts {long} over {base_row}", a, b, gap=True,
+          evidence=lambda: f"{long} {row} {_format(a)} vs {base_row} {_format(b)}",
+          after=f"; change on {cost}")
+  return out
+
+
+def _cost(a: Sequence[float], b: Sequence[float], split: str) -> str:
+  """An intervention's change on `split` against its base: the difference of means, with its
+  95% interval and p where both have MIN_SEEDS values."""
+  if not (a and b):
+    return f"{split}: not run"
+  if min(len(a), len(b)) < MIN_SEEDS:
+    return f"{split} {mean_std(a)[0] - mean_std(b)[0]:+.1f}"
+  c = welch(a, b)
+  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {c.p:.2g}"
+
+
+def _length_findings_lines(runs: list[dict]) -> list[str]:
+  """The length table's findings section."""
+  return ["## Length findings", "",
+          f"Each finding compares per-seed values by Welch's t-test: difference of means [95% "
+          f"confidence interval], two-sided p; a gap holds when it is at least {MARGIN_BLEU} "
+          f"BLEU and significant (p < {ALPHA}). (ii) also gives the share of the drop "
+          f"({main_test_split(runs)} minus {long_split(runs)} BLEU) that oracle length "
+          f"recovers; (iii) gives each intervention's change on {main_test_split(runs)} (its "
+          f"cost). Rows with fewer than {MIN_SEEDS} seeds get no verdict.", "",
+          "| finding | holds | evidence |", "| --- | --- | --- |",
+          *(f"| {f} | {v} | {e} |" for f, v, e in length_findings(runs)), ""]
 
 
 def render_table(runs: list[dict]) -> str:
@@ -353,8 +637,12 @@ def render_table(runs: list[dict]) -> str:
   lines += [f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)"
             + (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
                "checkpoints averaged)" if others else "") + ".", ""]
-  for table in ("ablation", "k_sweep"):
+  for table in ("ablation", "k_sweep", "length"):
     lines += _table_section(runs, table)
+  if any(r["table"] == "length" for r in runs):
+    lines += _length_findings_lines(runs)
+  if all(r["table"] == "length" for r in runs):
+    return "\n".join(lines) + "\n"
   lines += ["## The paper's findings, here", "",
             f"Each finding compares the per-seed values of two rows ({main_test_split(runs)} "
             f"BLEU unless it says otherwise) by Welch's t-test: difference of means [95% "

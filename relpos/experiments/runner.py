@@ -28,7 +28,6 @@ import ast
 import json
 import dataclasses
 import datetime
-import math
 import os
 import signal
 import sys
@@ -41,7 +40,6 @@ import flax
 import jax
 import ml_collections
 import numpy as np
-import sacrebleu
 from flax import nnx
 from absl import logging
 
@@ -55,6 +53,7 @@ from relpos import train
 from relpos.data import pipeline
 from relpos.experiments import analysis
 from relpos.experiments import children
+from relpos.experiments import diagnostics
 from relpos.experiments import plots
 from relpos.experiments import report
 
@@ -62,18 +61,20 @@ from relpos.experiments import report
 TABLES: dict[str, tuple[str, ...]] = {
     "ablation": ablation.ABLATION_ROWS,
     "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
+    "length": ablation.LENGTH_ROWS,
 }
 
 
 def row_in_table(row: str, table: str) -> bool:
   """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
-  ablation table any row of `configs/ablation.py` and any other registered position variant
-  (a row of its own name)."""
+  ablation and length tables any row of `configs/ablation.py` and any other registered
+  position variant (a row of its own name)."""
   if table == "k_sweep" and row.startswith("k="):
     ablation.row_overrides(row)  # a malformed k raises, naming the row
     return True
   return row in TABLES[table] or (
-      table == "ablation" and (row in ablation.ROWS or row in ablation.variant_rows()))
+      table in ("ablation", "length")
+      and (row in ablation.ROWS or row in ablation.variant_rows()))
 
 
 # The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
@@ -81,7 +82,6 @@ TASKS = tuple(ablation.BASES)
 # Held-out splits scored per dataset (`config.task.name`).
 EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",),
                "wmt14": ("test",)}
-NUM_LENGTH_BUCKETS = 4
 ANALYSIS_SENTENCES = 128
 # The source tree's root (where `relpos` and `configs` are imported from).
 ROOT = runtime.SOURCE_ROOT
@@ -121,44 +121,13 @@ def run_config(row: str, seed: int, task: str,
   """
   config = ablation.get_config(f"{row},{task}")
   config.seed = seed
-  for dotted, value in (overrides or {}).items():
-    parent = config
-    *path, leaf = dotted.split(".")
-    for name in path:
-      if name not in parent:
-        raise ValueError(f"override {dotted!r}: no config field {name!r}.")
-      parent = parent[name]
-    if leaf not in parent:
-      raise ValueError(f"override {dotted!r}: no config field {leaf!r}.")
-    try:
-      parent[leaf] = value
-    except TypeError:  # ConfigDict refuses a value of another type
-      raise ValueError(f"override {dotted}={value!r}: the field holds "
-                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
+  ablation.set_fields(config, overrides or {})
   return config
 
 
-def length_edges(sources: Sequence[str], num_buckets: int = NUM_LENGTH_BUCKETS) -> list[int]:
-  """Lower bounds of equal-width source-length buckets (words) covering `sources`."""
-  lengths = [len(s.split()) for s in sources]
-  low, high = min(lengths), max(lengths)
-  width = max(1, math.ceil((high - low + 1) / num_buckets))
-  return list(range(low, high + 1, width))
-
-
-def bleu_by_source_length(sources: Sequence[str], hypotheses: Sequence[str],
-                          references: Sequence[str]) -> dict[str, float]:
-  """Corpus sacreBLEU per source-length bucket, keyed "low-high" (words, inclusive), or
-  "low" for a bucket of one length."""
-  edges = length_edges(sources)
-  uppers = [e - 1 for e in edges[1:]] + [max(len(s.split()) for s in sources)]
-  out = {}
-  for low, high in zip(edges, uppers):
-    picked = [i for i, s in enumerate(sources) if low <= len(s.split()) <= high]
-    if picked:
-      out[f"{low}-{high}" if high > low else f"{low}"] = sacrebleu.corpus_bleu(
-          [hypotheses[i] for i in picked], [[references[i] for i in picked]]).score
-  return out
+# The source-length buckets of every per-length figure (`diagnostics.source_length_bins`).
+length_edges = diagnostics.length_edges
+bleu_by_source_length = diagnostics.bleu_by_source_length
 
 
 def environment() -> dict[str, Any]:
@@ -192,49 +161,79 @@ def validation_curve(workdir: str) -> list[list[float]]:
 
 def score_checkpoint(workdir: str, config: ml_collections.ConfigDict, task: pipeline.Task,
                      checkpoint: str, mesh: jax.sharding.Mesh
-                     ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict]]:
+                     ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict], dict[str, dict]]:
   """Scores one checkpoint choice of a run ("best", "latest", "average:N") on the validation
   split and every evaluation split of its task.
 
   Returns:
     (the restored model, split -> sacreBLEU/chrF scores with the checkpoint's "step",
-     split -> BLEU by source-length bucket (test splits)).
+     split -> BLEU by source-length bucket (test splits),
+     split -> `diagnostics.length_statistics` of the translations (test splits)).
   """
   model, step = evaluate.restore_model(workdir, config, checkpoint, mesh)
-  scores, by_length = {}, {}
+  scores, by_length, lengths = {}, {}, {}
   for split in ("validation",) + EVAL_SPLITS[config.task.name]:
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
     translations = scored.pop("translations")
     scores[split] = {**scored, "step": step}
     if split != "validation":
-      by_length[split] = bleu_by_source_length(task.source_texts(split), translations,
-                                               task.target_texts(split))
-  return model, scores, by_length
+      sources, references = task.source_texts(split), task.target_texts(split)
+      by_length[split] = bleu_by_source_length(sources, translations, references)
+      lengths[split] = diagnostics.length_statistics(task.tokenizer, sources, translations,
+                                                     references)
+  return model, scores, by_length, lengths
+
+
+def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict,
+                       task: pipeline.Task, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+  """The length diagnostics of `relpos.experiments.diagnostics` on every test split.
+
+  Returns:
+    {"oracle_length": split -> scores at the references' lengths (with
+     "bleu_by_source_length"), "token_accuracy_by_position": split -> teacher-forced accuracy
+     by target position (up to 2 x task.max_length), "attention_profile": split -> the
+     encoder's attention on up to ANALYSIS_SENTENCES of its sources}.
+  """
+  out = {"oracle_length": {}, "token_accuracy_by_position": {}, "attention_profile": {}}
+  for split in EVAL_SPLITS[config.task.name]:
+    out["oracle_length"][split] = diagnostics.oracle_length_scores(model, task, split, config,
+                                                                  mesh=mesh)
+    out["token_accuracy_by_position"][split] = diagnostics.token_accuracy_by_position(
+        model, task, split, batch_size=config.train.eval_batch_size,
+        num_positions=2 * config.task.max_length)
+    sources = task.source_texts(split)[:ANALYSIS_SENTENCES]
+    _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
+    out["attention_profile"][split] = analysis.attention_profile(model, inputs)
+  return out
 
 
 def evaluate_run(workdir: str) -> dict[str, Any]:
   """Scores a run's `decode.checkpoint` (the best by validation BLEU unless set to 'latest' or
-  'average:N') on every evaluation split of its task, and each of `decode.other_checkpoints`.
+  'average:N') on every evaluation split of its task, and each of `decode.other_checkpoints`,
+  with the length diagnostics of `length_diagnostics`.
 
   Returns:
     {"scores": split -> sacreBLEU/chrF scores, "bleu_by_source_length": split -> BLEU by
-     source-length bucket (test splits), "other_checkpoints": choice -> split -> scores,
-     "position_statistics": the encoder's on up to ANALYSIS_SENTENCES validation sources,
-     "num_params": the model's number of parameters}.
+     source-length bucket (test splits), "length_statistics": split -> hypothesis/reference
+     length ratio and early/late stops (test splits), "other_checkpoints": choice -> split ->
+     scores, "position_statistics": the encoder's on up to ANALYSIS_SENTENCES validation
+     sources, "num_params": the model's number of parameters, and `length_diagnostics`'s
+     "oracle_length", "token_accuracy_by_position", "attention_profile"}.
   """
   config = evaluate.load_run_config(workdir)
   mesh = runtime.make_mesh()
   task = pipeline.get_task(config.task)
-  model, scores, by_length = score_checkpoint(workdir, config, task, config.decode.checkpoint,
-                                              mesh)
+  model, scores, by_length, lengths = score_checkpoint(workdir, config, task,
+                                                       config.decode.checkpoint, mesh)
   others = {choice: score_checkpoint(workdir, config, task, choice, mesh)[1]
             for choice in config_validation.other_checkpoints(config)}
   sources = task.source_texts("validation")[:ANALYSIS_SENTENCES]
   _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
   num_params = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  return {"scores": scores, "bleu_by_source_length": by_length, "other_checkpoints": others,
+  return {"scores": scores, "bleu_by_source_length": by_length, "length_statistics": lengths,
+          "other_checkpoints": others,
           "position_statistics": analysis.position_statistics(model, inputs),
-          "num_params": num_params}
+          "num_params": num_params, **length_diagnostics(model, config, task, mesh)}
 
 
 @dataclasses.dataclass(frozen=True)
