@@ -175,6 +175,7 @@ def start(multihost: str = "") -> None:
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
   python_logging.getLogger("asyncio").addFilter(UNRETRIEVED_READS)
   prng.lower_threefry_unrolled_on_cpu()
+  runtime.source_commit()  # the code this process loaded: its runs record it
   runtime.initialize_distributed(multihost)
 
 

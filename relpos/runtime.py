@@ -13,6 +13,7 @@ A workdir holds:
   eval/                 eval.py's translations and scores
 """
 import atexit
+import functools
 import importlib
 import importlib.util
 import json
@@ -51,9 +52,14 @@ NOISE_LINE_PREFIXES = (b"[Gloo] Rank ",)
 SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.cache
 def source_commit() -> str:
   """The source tree's short commit, with `-dirty` when it has uncommitted changes to tracked
-  files; "unknown" outside a git checkout."""
+  files; "unknown" outside a git checkout.
+
+  Read once per process (programs read it at start-up, `cli.start`): the code a process runs is
+  the code it loaded then, whatever the tree holds later.
+  """
   try:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=SOURCE_ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()

@@ -2,6 +2,7 @@
 their record in a workdir, the mesh and the process rows."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -92,3 +93,17 @@ def test_mesh_and_process_rows():
   assert mesh.axis_names == (runtime.DATA_AXIS,)
   batch = {"inputs": np.arange(8).reshape(4, 2)}
   np.testing.assert_array_equal(runtime.process_rows(batch)["inputs"], batch["inputs"])
+
+
+def test_the_source_commit_is_read_once_per_process(monkeypatch):
+  """A table running in one process records the code it loaded, not what the tree holds when a
+  later run starts."""
+  runtime.source_commit.cache_clear()
+  first = runtime.source_commit()
+  assert first == "unknown" or re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", first)
+
+  def tree_changed(*args, **kwargs):
+    raise AssertionError("the tree was read again")
+
+  monkeypatch.setattr(runtime.subprocess, "run", tree_changed)
+  assert runtime.source_commit() == first
