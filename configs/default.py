@@ -88,4 +88,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Other checkpoint choices a table scores beside decode.checkpoint, comma-separated (e.g.
   # "average:10,latest"); "" for none.
   decode.other_checkpoints = ""
+  # A table run's length diagnostics (relpos.experiments.diagnostics: length ratio, oracle-length
+  # BLEU, token accuracy by position, encoder attention on long sources).
+  decode.length_diagnostics = True
   return config

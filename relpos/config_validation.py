@@ -76,6 +76,7 @@ FIELDS: dict[str, Field] = {
     "decode.checkpoint": Field("best", fields.Rule(
         "'best', 'latest' or 'average:<N>' with N >= 2",
         lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v)))),
+    "decode.length_diagnostics": Field(True, BOOLEAN),
     "decode.other_checkpoints": Field("", fields.Rule(
         "'' or a comma-separated list of 'best', 'latest' and 'average:<N>' (N >= 2)",
         lambda v: isinstance(v, str) and all(
@@ -84,11 +85,13 @@ FIELDS: dict[str, Field] = {
 
 # Fields that change neither what a run trains nor what it reports under decode.checkpoint:
 # where data is read from, how often a run logs and checkpoints, how many checkpoints it keeps,
-# and which other checkpoints it scores besides. A finished run is reused for a request that
+# which other checkpoints it scores besides, and whether it records the length diagnostics.
+# A finished run is reused for a request that
 # differs from it only here.
 RESULT_NEUTRAL_FIELDS = ("task.tfds_data_dir", "task.manual_dir", "task.download_url",
                          "train.log_every_steps", "train.checkpoint_every_steps",
-                         "train.keep_checkpoints", "decode.other_checkpoints")
+                         "train.keep_checkpoints", "decode.other_checkpoints",
+                         "decode.length_diagnostics")
 
 
 def other_checkpoints(config: ml_collections.ConfigDict) -> list[str]:

@@ -220,6 +220,7 @@ def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
   subprocess.run([sys.executable, "-m", "relpos.experiments.run", "--table=k_sweep",
                   "--task=tiny", "--rows=k=3", f"--output_dir={tmp_path}/out",
                   "--config.train.num_steps=2", "--config.decode.validation_bleu=False",
+                  "--config.decode.length_diagnostics=False",
                   f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"],
                  cwd=ROOT, capture_output=True, text=True, check=True)
   with open(tmp_path / "out" / "runs" / "tiny-k_sweep-k3-seed0" / "result.json") as f:

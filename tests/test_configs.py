@@ -37,6 +37,7 @@ INVALID = {
     "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
     "decode.checkpoint": "average:1", "decode.alpha": -0.5, "decode.max_decode_len": -1,
     "decode.validation_bleu": "yes", "decode.other_checkpoints": "best,average:x",
+    "decode.length_diagnostics": "yes",
 }
 
 

@@ -260,7 +260,7 @@ def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
   assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, "
           "kerple") in listed.stdout
   table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple",
-               "--task=tiny", "--config.train.num_steps=4",
+               "--task=tiny", "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
                "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
                "--parallel=2", f"--output_dir={tmp_path}")
   assert table.returncode == 0, table.stdout[-2000:] + table.stderr[-2000:]

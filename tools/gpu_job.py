@@ -85,7 +85,7 @@ _DRY_RUN_SETTINGS = (
     "model.num_encoder_layers=1", "model.num_decoder_layers=1", "train.num_steps=2",
     "train.batch_size=8", "train.warmup_steps=1", "train.log_every_steps=1",
     "train.eval_every_steps=2", "train.checkpoint_every_steps=2", "decode.beam_size=1",
-    "decode.max_decode_len=8", "decode.validation_bleu=False")
+    "decode.max_decode_len=8", "decode.validation_bleu=False", "decode.length_diagnostics=False")
 _DRY_RUN_TASK_SETTINGS = {  # multi30k keeps its data and tokenizer (bundle/data)
     "synthetic": ("task.vocab_size=64", "task.synthetic.num_train=200",
                   "task.synthetic.num_validation=8", "task.synthetic.num_test=8",

@@ -210,7 +210,7 @@ def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict,
 def evaluate_run(workdir: str) -> dict[str, Any]:
   """Scores a run's `decode.checkpoint` (the best by validation BLEU unless set to 'latest' or
   'average:N') on every evaluation split of its task, and each of `decode.other_checkpoints`,
-  with the length diagnostics of `length_diagnostics`.
+  with the length diagnostics of `length_diagnostics` when `decode.length_diagnostics`.
 
   Returns:
     {"scores": split -> sacreBLEU/chrF scores, "bleu_by_source_length": split -> BLEU by
@@ -233,7 +233,9 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
   return {"scores": scores, "bleu_by_source_length": by_length, "length_statistics": lengths,
           "other_checkpoints": others,
           "position_statistics": analysis.position_statistics(model, inputs),
-          "num_params": num_params, **length_diagnostics(model, config, task, mesh)}
+          "num_params": num_params,
+          **(length_diagnostics(model, config, task, mesh)
+             if config.decode.length_diagnostics else {})}
 
 
 @dataclasses.dataclass(frozen=True)
