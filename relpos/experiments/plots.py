@@ -88,6 +88,16 @@ def _panels(count: int, *, width: float, height: float):
   return fig, list(axes.flat[:count])
 
 
+def _label_panels(axes: list, xlabel: str, ylabel: str) -> None:
+  """Labels a `_panels` grid: x ticks and label under the lowest panel of each column, the
+  y label beside the first panel of each line."""
+  for ax in axes[-min(3, len(axes)):]:
+    ax.xaxis.set_tick_params(labelbottom=True)
+    ax.set_xlabel(xlabel, fontsize=8)
+  for ax in axes[::3]:
+    ax.set_ylabel(ylabel, fontsize=8)
+
+
 def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
   """BLEU (mean ± std over seeds) against source length bucket (test splits in order), one
   panel per ablation row, the other rows in grey behind it.
@@ -122,11 +132,7 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
       ax.axvline(boundary, color="grey", linestyle=":")
     ax.set_xticks(range(len(buckets)))
     ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
-  for ax in axes[-min(3, len(rows)):]:  # the lowest panel of each column
-    ax.xaxis.set_tick_params(labelbottom=True)
-    ax.set_xlabel("source length (words)", fontsize=8)
-  for ax in axes[::3]:
-    ax.set_ylabel("BLEU", fontsize=8)
+  _label_panels(axes, "source length (words)", "BLEU")
   longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
   others = "; other rows in grey" if len(rows) > 1 else ""
   fig.suptitle(f"BLEU by source length, mean ± std over seeds{longer}\n"
@@ -227,11 +233,7 @@ def plot_length_oracle(runs: list[dict], path: str) -> str | None:
     ax.set_title(row, fontsize=9)
     _bucket_axis(ax, buckets)
   axes[0].legend(fontsize=7)
-  for ax in axes[-min(3, len(rows)):]:
-    ax.xaxis.set_tick_params(labelbottom=True)
-    ax.set_xlabel("source length (words)", fontsize=8)
-  for ax in axes[::3]:
-    ax.set_ylabel("BLEU", fontsize=8)
+  _label_panels(axes, "source length (words)", "BLEU")
   fig.suptitle("BLEU by source length, and with eos forced at the reference's length (oracle "
                "length)\nright of the dotted line: longer than training; "
                f"{describe(table)}", fontsize=9)
@@ -338,11 +340,7 @@ def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
                 style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
     ax.set_title(row, fontsize=9)
   axes[0].legend(fontsize=6)
-  for ax in axes[-min(3, len(rows)):]:
-    ax.xaxis.set_tick_params(labelbottom=True)
-    ax.set_xlabel("query position (source tokens)", fontsize=8)
-  for ax in axes[::3]:
-    ax.set_ylabel("attention entropy (nats)", fontsize=8)
+  _label_panels(axes, "query position (source tokens)", "attention entropy (nats)")
   fig.suptitle("Encoder self-attention entropy by query position, test (solid) and test_long "
                "(dashed) sources\nmean over heads and sentences, positions at least "
                f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n\n"
