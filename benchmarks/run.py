@@ -28,7 +28,7 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "decode": decode.run}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The issue's targets, as ratios measured side by side.
+# The project's targets, as ratios measured side by side.
 # rel_kv train step time / abs, per backend (on a GPU: the Multi30K recipe in bfloat16).
 TRAIN_STEP_TARGETS = {"cpu": 1.05, "gpu": 1.10}
 # Sections that run on a CPU backend alone (on an H200 the profile attributed no time).
@@ -115,7 +115,7 @@ def decode_markdown(section: dict[str, Any]) -> list[str]:
 
 
 def targets(results: dict[str, Any], backend: str) -> list[tuple[str, str, str]]:
-  """(target, met: yes / no / not run, measured) for each of the issues' targets."""
+  """(target, met: yes / no / not run, measured) for each of the project's targets."""
   out = []
   step = results.get("train_step")
   target = TRAIN_STEP_TARGETS.get(backend, TRAIN_STEP_TARGETS["gpu"])

@@ -2,11 +2,11 @@ r"""One job on a bare, offline GPU host: install the carried wheels, run, pack t
 
   python3 tools/gpu_job.py JOB [--budget_s=570] [--dry_run] [ARGS...]
 
-The host (README, "On a GPU host (offline)") has jax, flax, optax, orbax, sacrebleu,
-sentencepiece and tensorboard but not the rest of requirements.txt; it has no network, runs one
-command of at most 10 minutes, takes the working tree and `bundle/` (made by
-`tools.gpu_bundle`) in, and gives back at most 8 files written under $OUT. This program uses
-the standard library alone, so it runs before the wheels are in. It
+The host is one with no internet and a time limit per job (e.g. a cluster's compute node): it
+takes the working tree and `bundle/` (made by `tools.gpu_bundle`) in and gives back what the job
+writes under --out ($OUT). --budget_s is the job's time limit less a margin; the output is
+checked against MAX_FILES files of at most MAX_FILE_BYTES (MAX_TOTAL_BYTES in all). This program
+uses the standard library alone, so it runs before the wheels are in. It
 
 1. installs `bundle/wheels/*.whl` into /tmp/site (no index, no dependencies) for its children,
    and checks that relpos imports, logging the package versions and the devices;
@@ -405,7 +405,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("job", choices=JOB_NAMES)
   parser.add_argument("--budget_s", type=float, default=DEFAULT_BUDGET_S,
-                      help="seconds from start to the end of packing")
+                      help="seconds from start to the end of packing: the host's "
+                      "per-job time limit less a margin")
   parser.add_argument("--out", default=os.environ.get("OUT"), help="default: $OUT")
   parser.add_argument("--dry_run", action="store_true", help="the job at tiny size")
   parser.add_argument("--wheels", default=WHEELS_DIR, help="folder of the wheels to install; "
