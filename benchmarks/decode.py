@@ -15,7 +15,7 @@ from flax import nnx
 
 from benchmarks import common
 from configs import ablation
-from relpos import config_validation
+from relpos import run_config
 from relpos import decode
 from relpos import model as model_lib
 
@@ -32,7 +32,7 @@ NO_EOS = -1  # never produced: every hypothesis runs to OUTPUT_LENGTH
 
 def _model(row: str, task: str) -> model_lib.Transformer:
   config = ablation.get_config(f"{row},{task}")
-  return model_lib.Transformer(config_validation.validate(config), rngs=nnx.Rngs(0))
+  return model_lib.Transformer(run_config.validate(config).model, rngs=nnx.Rngs(0))
 
 
 def _sources(vocab_size: int) -> jax.Array:

@@ -33,9 +33,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from sacrebleu import metrics as sacrebleu_metrics
 
 from relpos import checkpoints
-from relpos import config_validation
 from relpos import decode
-from relpos import model as model_lib
+from relpos import run_config
 from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -82,7 +81,7 @@ def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], bat
 
 
 def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
-                    config: ml_collections.ConfigDict, *, mesh: Mesh,
+                    config: run_config.RunConfig, *, mesh: Mesh,
                     lengths: Sequence[int] | None = None) -> list[str]:
   """Translates every text with beam search (greedy when decode.beam_size is 1).
 
@@ -149,7 +148,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
 
 
 def score_split(model: nnx.Module, task: pipeline.Task, split: str,
-                config: ml_collections.ConfigDict, *, mesh: Mesh) -> dict[str, Any]:
+                config: run_config.RunConfig, *, mesh: Mesh) -> dict[str, Any]:
   """Translates a whole split (decode.* of `config`) and scores it against its references.
 
   Returns:
@@ -196,42 +195,6 @@ def check_source_lengths(path: str, sources: Sequence[str],
                        f"a source may have: split it into sentences, one a line.")
 
 
-def load_run_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a run wrote (`workdir/config.json`), validated, after importing the
-  modules the run imported (`workdir/imports.json`: its own position variants).
-
-  Raises:
-    FileNotFoundError: the workdir or its config.json does not exist.
-    ValueError: the config is not JSON, not a config, or invalid (naming the file); a recorded
-      module fails to import or lies inside the workdir.
-  """
-  if not os.path.isdir(workdir):
-    raise FileNotFoundError(f"workdir {workdir} does not exist.")
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
-  runtime.import_recorded(workdir)
-  config = read_config_json(path)
-  try:
-    config_validation.validate(config)
-  except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
-  return config
-
-
-def read_config_json(path: str) -> ml_collections.ConfigDict:
-  """The config in a run's config.json (data: nothing in it is executed or unpickled).
-
-  Raises:
-    ValueError: naming the file, when it is not JSON or not a config (e.g. a "__reduce__" key).
-  """
-  data = runtime.read_json(path)
-  try:
-    return ml_collections.ConfigDict(data)
-  except (AttributeError, TypeError, ValueError) as e:
-    raise ValueError(f"{path} does not hold a config: {e}") from None
-
-
 AVERAGE_PREFIX = "average:"
 
 
@@ -247,7 +210,7 @@ def _average_count(checkpoint: str | int) -> int | None:
   """N of "average:N" (N >= 2), None for any other checkpoint name."""
   if not (isinstance(checkpoint, str) and checkpoint.startswith(AVERAGE_PREFIX)):
     return None
-  chosen = config_validation.CHECKPOINT_CHOICE.fullmatch(checkpoint)
+  chosen = run_config.CHECKPOINT_CHOICE.fullmatch(checkpoint)
   if chosen is None:
     raise ValueError(f"checkpoint={checkpoint!r}: average:<N> needs an integer N >= 2.")
   return int(chosen.group(1))
@@ -262,7 +225,7 @@ def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDic
                 or s % train_config.eval_every_steps == 0 or s == train_config.num_steps)
 
 
-def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: str | int,
+def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | int,
                   mesh: Mesh) -> tuple[nnx.Module, int]:
   """The model saved in `workdir` at `checkpoint`, and its step.
 
@@ -278,9 +241,8 @@ def restore_model(workdir: str, config: ml_collections.ConfigDict, checkpoint: s
     checkpoints.DamagedCheckpointError: the checkpoint asked for (every one, for "latest")
       is damaged.
   """
-  model_config = config_validation.validate(config)
   manager = checkpoints.make_manager(workdir, read_only=True)
-  restore_step = functools.partial(checkpoints.restore_model, manager, model_config=model_config,
+  restore_step = functools.partial(checkpoints.restore_model, manager, model_config=config.model,
                                    sharding=NamedSharding(mesh, PartitionSpec()))
   try:
     average = _average_count(checkpoint)
@@ -416,12 +378,9 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
       MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture, a position variant of
       the user's own that fails a trial (`model.check_variant`).
   """
-  config = load_run_config(workdir)
-  if beam_size is not None:
-    config.decode.beam_size = beam_size
-  if alpha is not None:
-    config.decode.alpha = alpha
-  model_lib.check_variant(config_validation.validate(config))
+  config = run_config.load(workdir)
+  decoding = {"decode.beam_size": beam_size, "decode.alpha": alpha}
+  config = run_config.replace(config, {k: v for k, v in decoding.items() if v is not None})
   if (split is None) == (input_file is None):
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
                      f"split={split!r}, input_file={input_file!r}.")

@@ -1,11 +1,12 @@
-"""Config fields: what each accepts, its default, and one way to check a section of them.
+"""Config fields: what each accepts, its default, its doc, and one way to check a section.
 
-Every field of a run's config has one `Field` in exactly one place: `model.*` architecture
-fields in `relpos.model.FIELDS`, each position variant's own fields in its module
-(`relpos.variants`), the other sections' in `relpos.config_validation.FIELDS`. `resolve` checks
-a section against its fields: a missing field takes its default with a warning (a config.json
-written before the field existed), an unknown field or an invalid value raises a ValueError
-that names the field, the value and what is allowed.
+A `Field` declares one config field. Every field has one, in one place per section: `task.*`,
+`train.*` and `decode.*` in `relpos.run_config`, the architecture's `model.*` fields on
+`relpos.model.TransformerConfig`, each position variant's own `model.*` fields in its module
+(`relpos.variants`). `resolve` checks a section against its fields: a missing field takes its
+`absent` value with a warning (a config.json written before the field existed), an unknown
+field or an invalid value raises a ValueError that names the field, the value and what is
+allowed.
 """
 import dataclasses
 import math
@@ -14,7 +15,14 @@ from typing import Any
 
 from absl import logging
 
-REQUIRED = object()  # the default of a field that has none
+SAME = object()  # Field.absent: a config without the field means its default
+
+# What changing a field does (Field.effect): it changes neither what a run trains nor what it
+# reports (where data is read from, how often a run logs); it changes the result (a finished run
+# is trained again) but may change when a run resumes (the learning rate, decoding); or it may
+# not change on resume, because the tokenizer, or the model, would change under the
+# checkpoints' parameters.
+NEUTRAL, RESULT, TOKENIZER, PARAMETERS = "neutral", "result", "tokenizer", "parameters"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +42,28 @@ class Field:
   """One config field.
 
   Attributes:
-    default: the value of a config that lacks the field, or REQUIRED.
+    default: the value of a new config (`relpos.run_config.default_config`).
     rule: what it accepts.
     doc: one line for a reader of the config.
+    absent: the value of a saved config that lacks the field (one written before the field
+      existed): the value that reproduces that run. SAME: `default`.
+    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS); None: the
+      section's (PARAMETERS for `model.*`, RESULT elsewhere).
   """
   default: Any
   rule: Rule
   doc: str = ""
+  absent: Any = SAME
+  effect: str | None = None
+
+  def __post_init__(self):
+    if not self.rule.check(self.default):
+      raise ValueError(f"Field default {self.default!r} is not {self.rule.allowed}.")
+
+  @property
+  def value_when_absent(self) -> Any:
+    """The value of a saved config that lacks the field."""
+    return self.default if self.absent is SAME else self.absent
 
 
 def _is_int(value: Any) -> bool:
@@ -93,10 +116,10 @@ def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str
     hint: appended to the message for an unknown field.
 
   Returns:
-    name -> value for every field of `fields`.
+    name -> value for every field of `fields`, in their order.
 
   Raises:
-    ValueError: a field that is unknown, missing without a default, or invalid.
+    ValueError: a field that is unknown or invalid.
   """
   def path(name: str) -> str:
     return f"{section}.{name}" if section else name
@@ -109,12 +132,10 @@ def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str
   for name, field in fields.items():
     if name in values:
       resolved[name] = values[name]
-    elif field.default is REQUIRED:
-      raise ValueError(f"config field {path(name)} is missing.")
     else:
       logging.warning("config field %s is missing (a config written before it existed): "
-                      "using %r.", path(name), field.default)
-      resolved[name] = field.default
+                      "using %r.", path(name), field.value_when_absent)
+      resolved[name] = field.value_when_absent
     if not field.rule.check(resolved[name]):
       raise invalid(path(name), resolved[name], field.rule.allowed)
   return resolved

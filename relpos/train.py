@@ -43,12 +43,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import checkpoints
-from relpos import config_validation
 from relpos import evaluate
-from relpos import fields as fields_lib
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
+from relpos import run_config
 from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -391,7 +390,7 @@ class Preemption:
     return self._requested.is_set()
 
 
-def check_divisible(config: ml_collections.ConfigDict) -> None:
+def check_divisible(config: run_config.RunConfig) -> None:
   """Batch sizes must split evenly over the devices (and the processes).
 
   Raises:
@@ -407,73 +406,6 @@ def check_divisible(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config field train.batch_size={config.train.batch_size} must be divisible "
                      f"by train.grad_accumulation_steps={config.train.grad_accumulation_steps} "
                      f"times the number of devices ({jax.device_count()}).")
-
-
-# The fields that make the tokenizer (and the data): a run resumes only with the values its
-# checkpoints were trained with.
-TOKENIZER_FIELDS = ("task.name", "task.source_lang", "task.target_lang", "task.vocab_size",
-                    "task.spm_model_type", "task.spm_seed")
-# The `model.*` fields that only choose how the same function is computed: they may change on
-# resume. Every other `model.*` field (the architecture, the position variant and its fields,
-# dropout, the compute dtype) may not. Outside `model.*` and TOKENIZER_FIELDS a change (the
-# learning rate, the number of steps, batch sizes, the intervals, decoding) is a warning.
-RESUME_FREE_MODEL_FIELDS = ("model.attention_implementation",)
-
-
-def resume_fixed_reason(path: str) -> str | None:
-  """Why the config field at `path` may not change on resume, or None when it may."""
-  if path in TOKENIZER_FIELDS:
-    return "the tokenizer would change under the model"
-  if path.startswith("model.") and path not in RESUME_FREE_MODEL_FIELDS:
-    return "the model would change under its parameters"
-  return None
-
-
-def _saved_value(saved: dict[str, Any], path: str) -> Any:
-  """A field's value in a run's config.json (flattened); a field the file lacks (written
-  before the field existed) has its default, the value that reproduces that run."""
-  if path in saved:
-    return saved[path]
-  value = config_validation.default(path)
-  return None if value is fields_lib.REQUIRED else value
-
-
-def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
-                         resuming: bool) -> None:
-  """Compares `config` (validated) with the config.json of the run's earlier start (when there
-  is one), warning about the fields that differ.
-
-  Raises:
-    ValueError: (`resuming`) a field with a `resume_fixed_reason` changed, naming it, both
-      values, the file and what to do; or the file is not a config (named).
-  """
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
-  if not os.path.exists(path):
-    return
-  saved = config_validation.flatten(evaluate.read_config_json(path).to_dict())
-  after = config_validation.flatten(config.to_dict())
-  before = {k: _saved_value(saved, k) for k in saved.keys() | after.keys()}
-  changed = sorted(k for k in before if before[k] != after.get(k))
-  fixed = [k for k in changed if resume_fixed_reason(k)]
-  if resuming and fixed:
-    field = fixed[0]
-    raise ValueError(
-        f"config field {field}={after.get(field)!r} differs from the {before[field]!r} that "
-        f"the checkpoints in {workdir} were trained with ({path}): "
-        f"{resume_fixed_reason(field)}. Resume with {field}={before[field]!r} or train in a "
-        "new --workdir.")
-  if changed:
-    logging.warning("%s: changed since the run's last start: %s.", path, ", ".join(
-        f"{k}={before[k]!r}->{after.get(k)!r}" for k in changed))
-
-
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config as `workdir/config.json` (process 0), whole or not at all (a
-  temporary file renamed), so that evaluation never reads half of it."""
-  if jax.process_index() != 0:
-    return
-  runtime.write_json(os.path.join(workdir, runtime.CONFIG_FILE), config.to_dict(), indent=2,
-                     sort_keys=True)
 
 
 class _Recorder:
@@ -576,7 +508,7 @@ def _is_multiple(step: int, every: int, last: int) -> bool:
   return step % every == 0 or step == last
 
 
-def _validate(config: ml_collections.ConfigDict, task: pipeline.Task, steps: Steps,
+def _validate(config: run_config.RunConfig, task: pipeline.Task, steps: Steps,
               state: TrainState) -> dict[str, Any]:
   """Validation loss and accuracy, and beam-search BLEU / chrF when `decode.validation_bleu`."""
   results = evaluate_loss(steps, state, task.eval_batches(VALIDATION_SPLIT,
@@ -588,11 +520,13 @@ def _validate(config: ml_collections.ConfigDict, task: pipeline.Task, steps: Ste
   return results
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
+                       workdir: str) -> dict[str, Any]:
   """Trains (or resumes) the run of `config` in `workdir`; see the module docstring.
 
   Args:
-    config: the run config (`configs/`); validated before any work.
+    config: the run config (`configs/`), validated here before any work, or a validated one
+      (`relpos.run_config.validate`).
     workdir: folder of the run; created when missing, resumed from when it holds checkpoints.
 
   Returns:
@@ -601,9 +535,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
-    ValueError: an invalid config field, a position variant of the user's own that fails a
-      trial (`model.check_variant`), a workdir that is a file, checkpoints of another
-      architecture or tokenizer (`resume_fixed_reason`) in `workdir`, or written by another
+    ValueError: an invalid config field (or a position variant of the user's own that fails a
+      trial: `model.check_variant`), a workdir that is a file, checkpoints of another
+      architecture or tokenizer (`run_config.check_resume`) in `workdir`, or written by another
       number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
@@ -612,24 +546,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       steps skipped.
   """
   started = time.perf_counter()
-  model_config = config_validation.validate(config)
+  if not isinstance(config, run_config.RunConfig):
+    config = run_config.validate(config)
   check_divisible(config)
-  model_lib.check_variant(model_config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir):
     manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
     try:
-      check_config_changes(config, workdir, resuming=manager.latest_step() is not None)
+      run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
-      steps = get_steps(runtime.make_mesh(), model_config, config.train)
+      steps = get_steps(runtime.make_mesh(), config.model, config.train)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
-      write_config(config, workdir)
+      run_config.write(config, workdir)
       runtime.write_imports(workdir)
       metrics_writer.record_start(workdir, int(state["step"]), runtime.source_commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
@@ -637,7 +571,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       manager.close()
 
 
-def _initial_state(config: ml_collections.ConfigDict, steps: Steps,
+def _initial_state(config: run_config.RunConfig, steps: Steps,
                    manager: ocp.CheckpointManager,
                    train_iterator: grain.DatasetIterator) -> TrainState:
   """The newest restorable checkpoint's state (iterator restored in place), or a fresh one.
@@ -694,7 +628,7 @@ def _train_summary(recorder: _Recorder, state: TrainState, schedule: optax.Sched
           "elapsed_s": elapsed_s}
 
 
-def _train_loop(config: ml_collections.ConfigDict, workdir: str, task: pipeline.Task,
+def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
                 steps: Steps, state: TrainState, manager: ocp.CheckpointManager,
                 train_iterator: grain.DatasetIterator, started: float) -> dict[str, Any]:
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.

@@ -12,7 +12,7 @@ from configs import multi30k
 from configs import multi30k_gpu
 from configs import tiny
 from configs import wmt14_base
-from relpos import config_validation
+from relpos import run_config
 
 ABLATION_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "ablation.py")
 
@@ -50,17 +50,21 @@ def _set(config, path, value):
     node[leaf] = value
 
 
+FIELDS = {f"{section}.{name}" if section else name: field
+          for section, declared in run_config.SECTIONS.items() for name, field in declared.items()}
+
+
 def test_every_rule_has_an_invalid_case():
-  assert set(INVALID) == set(config_validation.FIELDS)
+  assert set(INVALID) == set(FIELDS)
 
 
 @pytest.mark.parametrize("path", sorted(INVALID))
 def test_invalid_value_names_field_and_allowed_values(path):
   config = default.get_config()
   _set(config, path, INVALID[path])
-  rule = config_validation.FIELDS[path].rule
+  rule = FIELDS[path].rule
   with pytest.raises(ValueError) as error:
-    config_validation.validate(config)
+    run_config.validate(config)
   assert f"config field {path}={INVALID[path]!r} is invalid" in str(error.value)
   assert rule.allowed in str(error.value)
 
@@ -74,7 +78,7 @@ def test_model_fields_are_validated(path, value, message):
   config = default.get_config()
   _set(config, path, value)
   with pytest.raises(ValueError, match=message):
-    config_validation.validate(config)
+    run_config.validate(config)
 
 
 def test_cross_field_rules():
@@ -82,28 +86,30 @@ def test_cross_field_rules():
   config.task.synthetic.min_words = 20
   with pytest.raises(ValueError, match="task.synthetic.min_words=20 must be <= "
                                        "task.synthetic.max_words=12"):
-    config_validation.validate(config)
+    run_config.validate(config)
   config = default.get_config()
   config.decode.max_decode_len = 300
   with pytest.raises(ValueError, match="decode.max_decode_len=300 must be <= model.max_len=256"):
-    config_validation.validate(config)
+    run_config.validate(config)
 
 
 def test_unknown_and_missing_fields():
   config = default.get_config()
   config.train.lr = 0.1
   with pytest.raises(ValueError, match="unknown config field train.lr; train has: batch_size"):
-    config_validation.validate(config)
+    run_config.validate(config)
   config = default.get_config()
-  del config.decode["alpha"]
-  with pytest.raises(ValueError, match="config field decode.alpha is missing"):
-    config_validation.validate(config)
+  del config.decode["alpha"]  # a config.json written before the field: its value then
+  assert run_config.validate(config).decode.alpha == run_config.SECTIONS["decode"]["alpha"].default
+  del config["decode"]
+  with pytest.raises(ValueError, match="config section decode is missing"):
+    run_config.validate(config)
 
 
 def test_default_configs_are_valid():
   for get_config in (default.get_config, multi30k.get_config, multi30k_gpu.get_config,
                      wmt14_base.get_config, tiny.get_config):
-    model_config = config_validation.validate(get_config())
+    model_config = run_config.validate(get_config()).model
     assert model_config.vocab_size == get_config().task.vocab_size
 
 
@@ -155,7 +161,7 @@ def test_ablation_rows(row, expected):
     config = ablation.get_config(f"{row},{base}")
     assert {k: config.model[k] for k in expected} == expected
     assert base.startswith(config.task.name)
-    config_validation.validate(config)
+    run_config.validate(config)
   assert ablation.get_config(row).task.name == "synthetic"
 
 

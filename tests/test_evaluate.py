@@ -14,7 +14,7 @@ from flax import nnx
 
 from configs import tiny
 from relpos import checkpoints
-from relpos import config_validation
+from relpos import run_config
 from relpos import decode
 from relpos import evaluate
 from relpos import model as model_lib
@@ -195,7 +195,7 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   assert tokenizer.vocab_size < 64
   config = tiny.get_config()
   config.model.logits_via_embedding = False
-  model = model_lib.build_model(config_validation.validate(config), seed=0)
+  model = model_lib.build_model(run_config.validate(config).model, seed=0)
   phantom = np.arange(64) >= tokenizer.vocab_size
   model.decoder.logits.bias[...] = np.where(phantom, 50.0, 0.0).astype(np.float32)
   texts = ["the dog sees the cat", "a bird"]
@@ -215,8 +215,9 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
   manager = checkpoints.make_manager(workdir, read_only=True)
   last_two = sorted(manager.all_steps())[-2:]
   manager.close()
-  models = [evaluate.restore_model(workdir, config, step, mesh)[0] for step in last_two]
-  averaged, step = evaluate.restore_model(workdir, config, "average:2", mesh)
+  validated = run_config.validate(config)
+  models = [evaluate.restore_model(workdir, validated, step, mesh)[0] for step in last_two]
+  averaged, step = evaluate.restore_model(workdir, validated, "average:2", mesh)
   assert last_two == [300, 400] and step == 400
   want = jax.tree.map(lambda a, b: (a + b) / 2, *(nnx.state(m, nnx.Param) for m in models))
   jax.tree.map(np.testing.assert_allclose, nnx.state(averaged, nnx.Param), want)
@@ -225,9 +226,9 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
   assert result["checkpoint"] == "average:2" and result["step"] == 400
   with pytest.raises(FileNotFoundError,
                      match=r"holds \d checkpoints saved on schedule.*train\.keep_checkpoints"):
-    evaluate.restore_model(workdir, config, "average:9", mesh)
+    evaluate.restore_model(workdir, validated, "average:9", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
-    evaluate.restore_model(workdir, config, "average:1", mesh)
+    evaluate.restore_model(workdir, validated, "average:1", mesh)
 
 
 def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():

@@ -56,9 +56,18 @@ INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
 TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
 
 
+def model_fields(**overrides) -> dict:
+  """`config.model` of the default config with TINY's sizes (its variant options where the
+  variant `overrides` select has them) and `overrides`."""
+  model_cfg = {**default.get_config().model.to_dict(), **overrides}
+  position = model_cfg["position"]
+  own = variants.get(position).fields if position in variants.names() else {}
+  tiny = {k: v for k, v in TINY.items() if k in model_lib.FIELDS or k in own}
+  return {**model_cfg, **tiny, **overrides}
+
+
 def make_config(**overrides) -> model_lib.TransformerConfig:
-  model_cfg = {**default.get_config().model.to_dict(), **TINY, **overrides}
-  return model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
+  return model_lib.TransformerConfig.from_config(model_fields(**overrides), VOCAB)
 
 
 def make_model(seed: int = 0, **overrides) -> model_lib.Transformer:
@@ -234,9 +243,9 @@ def test_from_config_rejects_unknown_fields_and_fills_missing_ones():
                                        r".*max_relative_position.*--import"):
     model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
   del model_cfg["relative_heads"]
-  del model_cfg["rope_base"]
+  del model_cfg["max_relative_position"]
   config = model_lib.TransformerConfig.from_config(model_cfg, VOCAB)
-  assert config.rope_base == 10000.0 and config.fields()["rope_base"] == 10000.0
+  assert config.max_relative_position == 16 and config.to_dict()["max_relative_position"] == 16
 
 
 def test_default_config_builds():
@@ -327,7 +336,7 @@ def test_attention_implementation_cudnn_is_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"dtype": "float32"}, r"model\.dtype='float32'.*'bfloat16' or 'float16'"),
+    ({"dtype": "float32"}, r"model\.dtype='float32'.*float16 or bfloat16"),
     ({"relative_value": True}, r"model\.relative_value=True.*cannot add a\^V"),
     ({"relative_value": False, "attention_dropout_rate": 0.1},
      r"model\.attention_dropout_rate=0\.1"),

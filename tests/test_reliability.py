@@ -17,7 +17,7 @@ import pytest
 
 from configs import tiny
 from relpos import checkpoints
-from relpos import config_validation
+from relpos import run_config
 from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
@@ -359,11 +359,12 @@ def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference
   shutil.copy(os.path.join(reference, "config.json"), workdir)  # a run that has just started
   config = make_config(data_dir, KILL_RUN)
   with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {workdir}/checkpoints"):
-    evaluate.restore_model(workdir, config, "latest", runtime.make_mesh())
+    evaluate.restore_model(workdir, run_config.validate(config), "latest",
+                           runtime.make_mesh())
   shutil.rmtree(workdir)
   shutil.copytree(reference, workdir)
   manager = checkpoints.make_manager(workdir, read_only=True)
-  model_config = config_validation.validate(config)
+  model_config = run_config.validate(config).model
   sharding = jax.sharding.NamedSharding(runtime.make_mesh(), jax.sharding.PartitionSpec())
 
   def restore_while_training(step):  # the run removes the newest one as it is about to be read
@@ -426,12 +427,13 @@ def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir,
   workdir = str(tmp_path / "run")
   newest, problem = damaged_copy(reference, workdir, kind)
   config = make_config(data_dir, KILL_RUN)
-  _, step = evaluate.restore_model(workdir, config, "latest", runtime.make_mesh())
+  validated = run_config.validate(config)
+  _, step = evaluate.restore_model(workdir, validated, "latest", runtime.make_mesh())
   assert step == 28
   assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
   assert "Evaluating step 28: the newer checkpoints [30] are damaged" in caplog.text
   with pytest.raises(checkpoints.DamagedCheckpointError, match=f"{newest} is damaged: {problem}"):
-    evaluate.restore_model(workdir, config, 30, runtime.make_mesh())
+    evaluate.restore_model(workdir, validated, 30, runtime.make_mesh())
   assert os.path.isdir(newest)  # evaluation moves nothing
 
 
@@ -468,11 +470,12 @@ import json, shutil, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_reliability as t
-from relpos import evaluate, runtime, train
+from relpos import evaluate, run_config, runtime, train
 from relpos import model as model_lib
 data_dir, reference, resumed, fresh = sys.argv[2:]
 config = t.make_config(data_dir, t.KILL_RUN)
-model, step = evaluate.restore_model(reference, config, "latest", runtime.make_mesh())
+model, step = evaluate.restore_model(reference, run_config.validate(config), "latest",
+                                     runtime.make_mesh())
 params = jax.tree.map(lambda x: np.asarray(x).tolist(), model_lib.split_model(model)[1])
 train.train_and_evaluate(config, resumed)
 config.train.num_steps = 8
@@ -503,7 +506,8 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
                resumed_state["params"], expected["params"])
   # Trained on 1 device, scored and resumed on 4.
   config = make_config(data_dir, KILL_RUN)
-  model, step = evaluate.restore_model(fresh, config, "latest", runtime.make_mesh())
+  model, step = evaluate.restore_model(fresh, run_config.validate(config), "latest",
+                                       runtime.make_mesh())
   assert step == 8
   for param in jax.tree.leaves(model_lib.split_model(model)[1]):
     assert len(param.sharding.device_set) == 4
@@ -524,7 +528,7 @@ IN_TWO_PROCESSES = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from tests import test_reliability as t
-from relpos import evaluate, runtime, train
+from relpos import evaluate, run_config, runtime, train
 data_dir, workdir, translating, output_dir, multihost = sys.argv[2:]
 runtime.initialize_distributed(multihost)
 config = t.make_config(data_dir, {**t.TWO_PROCESS_RUN, "train.num_steps": 2})

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from configs import tiny
 from relpos import checkpoints
-from relpos import config_validation
+from relpos import run_config
 from relpos import evaluate
 from relpos import metrics_writer
 from relpos import runtime
@@ -93,7 +93,7 @@ def _random_batch(rng: np.random.Generator, rows: int, length: int, vocab: int):
 def test_one_step_is_the_same_on_one_and_four_devices():
   assert jax.device_count() == 4
   config = tiny.get_config()
-  model_config = config_validation.validate(config)
+  model_config = run_config.validate(config).model
   batch = _random_batch(np.random.default_rng(0), 8, 16, config.task.vocab_size)
   initial = None
   outputs = []
@@ -113,7 +113,7 @@ def test_one_step_is_the_same_on_one_and_four_devices():
 def test_run_writes_config_metrics_events_and_checkpoints(trained):
   config, workdir, result = trained
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    assert json.load(f) == config.to_dict()
+    assert json.load(f) == run_config.validate(config).to_dict()
   records = metrics_writer.read_metrics(workdir)
   train_steps = [r["step"] for r in records if r["split"] == "train"]
   assert train_steps == [2, 4, 6, 8, 10, 12]
@@ -177,7 +177,7 @@ def updates_on_one_batch(config, batch, count: int) -> tuple[list[float], dict]:
   """(the loss of each of `count` updates on `batch`, the final state on the host), from seed 0
   on one device."""
   mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
-  steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+  steps = train.get_steps(mesh, run_config.validate(config).model, config.train)
   state, losses = steps.init(0), []
   for _ in range(count):
     state, metrics = steps.train(state, steps.global_batch(batch))
@@ -224,7 +224,7 @@ def test_half_precision_train_steps_stay_close_to_float32(dtype):
 def initial_params(config) -> dict:
   """The parameters `updates_on_one_batch` starts from, on the host."""
   mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
-  return jax.device_get(train.get_steps(mesh, config_validation.validate(config),
+  return jax.device_get(train.get_steps(mesh, run_config.validate(config).model,
                                         config.train).init(0)["params"])
 
 
@@ -251,7 +251,7 @@ def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
   outputs = {}
   for accumulation in (1, 2):
     config.train.grad_accumulation_steps = accumulation
-    steps = train.get_steps(mesh, config_validation.validate(config), config.train)
+    steps = train.get_steps(mesh, run_config.validate(config).model, config.train)
     state, metrics = steps.train(steps.init(0), steps.global_batch(batch))
     outputs[accumulation] = jax.device_get((state["params"], metrics))
   (params_1, metrics_1), (params_2, metrics_2) = outputs[1], outputs[2]
@@ -291,21 +291,22 @@ def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypat
   manager = checkpoints.make_manager(str(tmp_path), read_only=True)
   # The last 2 and the best (the lowest loss, at step 4), which evaluation's "best" restores.
   assert (manager.latest_step(), manager.best_step(), manager.all_steps()) == (8, 4, [4, 6, 8])
-  assert evaluate.restore_model(str(tmp_path), config, "best", runtime.make_mesh())[1] == 4
+  validated = run_config.validate(config)
+  assert evaluate.restore_model(str(tmp_path), validated, "best", runtime.make_mesh())[1] == 4
 
 
 def test_config_written_before_the_new_train_fields_still_validates():
   config = tiny.get_config()
   del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
-  config_validation.validate(config)
-  assert (config.train.grad_accumulation_steps, config.train.early_stopping_patience) == (1, 0)
+  validated = run_config.validate(config)
+  assert (validated.train.grad_accumulation_steps,
+          validated.train.early_stopping_patience) == (1, 0)
+  assert "grad_accumulation_steps" not in config.train  # what it was given is left as it is
 
 
 def _saved_run(tmp_path, edit=lambda saved: None) -> tuple[str, dict]:
   """A workdir holding the tiny config's config.json after `edit(saved dict)`."""
-  config = tiny.get_config()
-  config_validation.validate(config)
-  saved = config.to_dict()
+  saved = run_config.validate(tiny.get_config()).to_dict()
   edit(saved)
   with open(tmp_path / "config.json", "w", encoding="utf-8") as f:
     json.dump(saved, f)
@@ -318,15 +319,17 @@ def _saved_run(tmp_path, edit=lambda saved: None) -> tuple[str, dict]:
 def test_a_model_field_changed_on_resume_stops(tmp_path, field, value):
   workdir, saved = _saved_run(tmp_path)
   config = tiny.get_config()
+  if field == "model.position":  # the other variant's fields at their defaults
+    config.model.max_relative_position = 16
   config.model[field.split(".")[1]] = value
-  config_validation.validate(config)
-  train.check_config_changes(config, workdir, resuming=False)  # nothing saved: a warning
+  config = run_config.validate(config)
+  run_config.check_resume(config, workdir, resuming=False)  # nothing saved: a warning
   before = saved["model"][field.split(".")[1]]
   with pytest.raises(ValueError, match=(
       rf"^config field {field}={value!r} differs from the {before!r} that the checkpoints in "
       rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
       rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
-    train.check_config_changes(config, workdir, resuming=True)
+    run_config.check_resume(config, workdir, resuming=True)
 
 
 def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, caplog):
@@ -334,8 +337,7 @@ def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, capl
   config = tiny.get_config()
   config.model.attention_implementation = "xla"
   config.train.update(learning_rate=0.001, num_steps=40)
-  config_validation.validate(config)
-  train.check_config_changes(config, workdir, resuming=True)
+  run_config.check_resume(run_config.validate(config), workdir, resuming=True)
   assert "model.attention_implementation='auto'->'xla'" in caplog.text
   assert "train.learning_rate=0.002->0.001" in caplog.text
 
@@ -343,14 +345,15 @@ def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, capl
 def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default(tmp_path,
                                                                                  caplog):
   """A campaign resumed across commits: a field the old config.json lacks was its default."""
-  workdir, _ = _saved_run(tmp_path, lambda saved: saved["model"].pop("rope_base"))
+  workdir, _ = _saved_run(
+      tmp_path, lambda saved: saved["model"].pop("relative_shared_across_layers"))
   config = tiny.get_config()
-  config_validation.validate(config)
-  train.check_config_changes(config, workdir, resuming=True)
-  assert "rope_base" not in caplog.text
-  config.model.rope_base = 500.0
-  with pytest.raises(ValueError, match=r"model.rope_base=500.0 differs from the 10000.0 "):
-    train.check_config_changes(config, workdir, resuming=True)
+  run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+  assert "changed since the run's last start" not in caplog.text
+  config.model.relative_shared_across_layers = True
+  with pytest.raises(ValueError, match=r"model.relative_shared_across_layers=True differs from "
+                                       r"the False "):
+    run_config.check_resume(run_config.validate(config), workdir, resuming=True)
 
 
 def test_a_damaged_metrics_line_stops_a_resume_naming_it_before_any_write(trained, tmp_path):
@@ -380,6 +383,6 @@ def test_a_checkpoints_file_stops_training_and_evaluation_before_any_step(data_d
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(tiny_config(data_dir), workdir)
   assert sorted(os.listdir(workdir)) == ["checkpoints", "train.lock"]
-  train.write_config(tiny_config(data_dir), workdir)
+  run_config.write(run_config.validate(tiny_config(data_dir)), workdir)
   with pytest.raises(ValueError, match=message):
     evaluate.evaluate_checkpoint(workdir, split="validation")

@@ -21,7 +21,7 @@ from relpos import positions as positions_lib
 from relpos import train
 from relpos import variants
 from relpos.variants import interface
-from test_model import ATOL, INPUTS, TINY, VOCAB, cached_and_full_logits
+from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
 from test_train import _random_batch, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_register_refuses_a_taken_name_or_field(registered):
 
 
 def _model(**overrides) -> model_lib.Transformer:
-  config = {**model_lib.default_config().to_dict(), **TINY, **overrides}
+  config = model_fields(**overrides)
   return model_lib.Transformer(model_lib.TransformerConfig.from_config(config, VOCAB),
                                rngs=nnx.Rngs(0))
 
@@ -340,7 +340,7 @@ def _segments(positions: np.ndarray) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("variant", ["shape", "randomized"])
 def test_stochastic_variants_evaluate_as_absolute(variant):
   def build(position):
-    config = {**model_lib.default_config().to_dict(), **TINY, "position": position}
+    config = model_fields(position=position)
     return model_lib.build_model(model_lib.TransformerConfig.from_config(config, VOCAB), 0)
 
   absolute, model = build("absolute"), build(variant)

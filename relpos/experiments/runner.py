@@ -11,7 +11,7 @@ Layout of `output_dir`:
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
 
 A finished run (its `result.json` exists) is skipped when its config equals the request in
-every field that changes a result (`config_validation.result_differences`); otherwise the table
+every field that changes a result (`relpos.run_config.result_differences`); otherwise the table
 stops before any work, naming the field, unless `retrain_changed` moves the run aside to train
 it again. An interrupted table resumes where it stopped: a run killed mid-training resumes from
 its own latest checkpoint, and its result records every start and commit it ran under and the
@@ -44,7 +44,7 @@ from flax import nnx
 from absl import logging
 
 from configs import ablation
-from relpos import config_validation
+from relpos import run_config as config_lib
 from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
@@ -220,13 +220,13 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
      sources, "num_params": the model's number of parameters, and `length_diagnostics`'s
      "oracle_length", "token_accuracy_by_position", "attention_profile"}.
   """
-  config = evaluate.load_run_config(workdir)
+  config = config_lib.load(workdir)
   mesh = runtime.make_mesh()
   task = pipeline.get_task(config.task)
   model, scores, by_length, lengths = score_checkpoint(workdir, config, task,
                                                        config.decode.checkpoint, mesh)
   others = {choice: score_checkpoint(workdir, config, task, choice, mesh)[1]
-            for choice in config_validation.other_checkpoints(config)}
+            for choice in config.other_checkpoints()}
   sources = task.source_texts("validation")[:ANALYSIS_SENTENCES]
   _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
   num_params = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
@@ -471,15 +471,13 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
   return failed, stopped
 
 
-def _differences_from_request(run: Run, requested: ml_collections.ConfigDict) -> list[tuple]:
-  """`config_validation.result_differences` between a finished run's config and `requested`
-  (validated)."""
-  saved = ml_collections.ConfigDict(read_result(run.result)["config"])
+def _differences_from_request(run: Run, requested: config_lib.RunConfig) -> list[tuple]:
+  """`run_config.result_differences` between a finished run's config and `requested`."""
   try:
-    config_validation.validate(saved)
+    saved = config_lib.validate(read_result(run.result)["config"])
   except ValueError as e:
     raise ValueError(f"{run.result}: {e}") from None
-  return config_validation.result_differences(saved, requested)
+  return config_lib.result_differences(saved, requested)
 
 
 def _move_aside(run: Run) -> str:
@@ -520,8 +518,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
     if not os.path.exists(run.result):
       pending.append(run)
       continue
-    requested = run_config(run.row, run.seed, task, overrides)
-    config_validation.validate(requested)
+    requested = config_lib.validate(run_config(run.row, run.seed, task, overrides))
     differences = _differences_from_request(run, requested)
     if not differences:
       print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
@@ -584,7 +581,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
                        f"{', '.join(TABLES[table])}{any_k}.")
   for row in rows:  # every config valid before any work
-    config_validation.validate(run_config(row, seeds[0], task, overrides))
+    config_lib.validate(run_config(row, seeds[0], task, overrides))
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)

@@ -3,6 +3,8 @@
 The a^K term of Shaw et al. is gathered into the kernel's additive bias; cuDNN cannot add a^V
 to the values, nor drop attention weights. `cudnn_unsupported` says why a call cannot run there.
 """
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -14,36 +16,59 @@ def _as_4d(x: jax.Array | None) -> jax.Array | None:
   return None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape)
 
 
+def cudnn_requirement(*, backend: str, dtypes: tuple[Any, ...], depth: int, value_table: bool,
+                      dropout: bool, q_len: int | None = None, kv_len: int | None = None
+                      ) -> tuple[str, str] | None:
+  """The first thing cuDNN's fused attention needs that a call lacks, or None when it can run.
+
+  It needs a GPU, float16 or bfloat16 inputs of one dtype, no value table (its output is the
+  weighted values alone), no attention dropout (`jax.nn.dot_product_attention` has none), a
+  head depth that is a multiple of 8 and at most 128, and even lengths (the backward pass with a
+  bias requires them) unless the query is one decode-step token. The one statement of these
+  rules: the per-call check (`cudnn_unsupported`) and a model's config
+  (`relpos.model.check_cudnn`) both ask here.
+
+  Args:
+    backend: JAX's default backend.
+    dtypes: the dtypes of query, key and value (or the one compute dtype).
+    depth: the head depth.
+    value_table: whether a table is added to the values (Shaw et al.'s a^V).
+    dropout: whether attention dropout is on.
+    q_len, kv_len: the lengths of the call (None: not checked).
+
+  Returns:
+    (what: "backend" | "dtype" | "value_table" | "dropout" | "depth" | "lengths", why).
+  """
+  if backend != "gpu":
+    return "backend", f"it needs a GPU backend, and JAX's backend is {backend!r}"
+  if dtypes[0] not in (jnp.bfloat16, jnp.float16) or len(set(dtypes)) != 1:
+    return "dtype", (f"it needs float16 or bfloat16 inputs of one dtype, got "
+                     f"{', '.join(map(str, dtypes))}")
+  if value_table:
+    return "value_table", "it cannot add a^V (a table of the values) to the values"
+  if dropout:
+    return "dropout", "it has no attention dropout"
+  if depth % 8 or depth > 128:
+    return "depth", f"it needs a head depth that is a multiple of 8 and at most 128, got {depth}"
+  if q_len is not None and q_len != 1 and (q_len % 2 or kv_len % 2):
+    return "lengths", f"it needs even lengths, got query {q_len} and key {kv_len}"
+  return None
+
+
 def cudnn_unsupported(query: jax.Array, key: jax.Array, value: jax.Array, *,
                       rel_value: jax.Array | None = None, dropout: bool = False) -> str | None:
-  """Why cuDNN's fused attention cannot run this call, or None when it can.
-
-  It needs a GPU, float16 or bfloat16 inputs of one dtype, no a^V table (its output is the
-  weighted values alone), no attention dropout (`jax.nn.dot_product_attention` has none), a head
-  depth that is a multiple of 8 and at most 128, and even lengths (the backward pass with a bias
-  requires them) unless the query is one decode-step token.
+  """Why cuDNN's fused attention cannot run this call (`cudnn_requirement`), or None.
 
   Args:
     query: [batch, q_len, heads, depth]; key, value: [batch, kv_len, heads, depth].
     rel_value: the a^V table or None.
     dropout: whether attention dropout is on for this call.
   """
-  depth, q_len, kv_len = query.shape[-1], query.shape[1], key.shape[1]
-  if jax.default_backend() != "gpu":
-    return f"it needs a GPU, and JAX's backend is {jax.default_backend()!r}"
-  if query.dtype not in (jnp.bfloat16, jnp.float16) or not (
-      query.dtype == key.dtype == value.dtype):
-    return (f"it needs float16 or bfloat16 inputs (model.dtype), got {query.dtype}, "
-            f"{key.dtype}, {value.dtype}")
-  if rel_value is not None:
-    return "it cannot add a^V to the values (model.relative_value)"
-  if dropout:
-    return "it has no attention dropout (model.attention_dropout_rate)"
-  if depth % 8 or depth > 128:
-    return f"it needs a head depth that is a multiple of 8 and at most 128, got {depth}"
-  if q_len != 1 and (q_len % 2 or kv_len % 2):
-    return f"it needs even lengths, got query {q_len} and key {kv_len}"
-  return None
+  need = cudnn_requirement(backend=jax.default_backend(),
+                           dtypes=(query.dtype, key.dtype, value.dtype), depth=query.shape[-1],
+                           value_table=rel_value is not None, dropout=dropout,
+                           q_len=query.shape[1], kv_len=key.shape[1])
+  return None if need is None else need[1]
 
 
 def attention_with_bias(query: jax.Array, key: jax.Array, value: jax.Array,

@@ -16,10 +16,10 @@ built-in ones.
 """
 from relpos.variants.interface import AttentionPosition, AttentionTerms, StochasticEmbedding
 from relpos.variants.interface import Variant
-from relpos.variants.interface import all_fields, get, names, register
+from relpos.variants.interface import all_fields, get, names, owner, register
 # Importing a built-in variant registers it; the order is the order of `names()`.
 # pylint: disable-next=g-bad-import-order,wrong-import-position
 from relpos.variants import none, absolute, relative, t5, rope, alibi, fire, shape, randomized  # noqa: F401,E501
 
 __all__ = ["AttentionPosition", "AttentionTerms", "StochasticEmbedding", "Variant", "all_fields",
-           "get", "names", "register"]
+           "get", "names", "owner", "register"]

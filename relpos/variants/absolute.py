@@ -51,16 +51,19 @@ def encoding(config, rngs: nnx.Rngs) -> AbsolutePositionEncoding:
                                   rngs=rngs)
 
 
+# The fields of an absolute encoding; a variant that adds one lists them among its own.
+ENCODING_FIELDS = {"absolute_type": fields.Field("sinusoidal", fields.one_of(*ABSOLUTE_TYPES),
+                                                 "sinusoidal | t2t_timing_signal | learned")}
+
+
 @interface.register("absolute")
 class Absolute(interface.Variant):
   """Encodings of each token's position added to its embedding; nothing inside attention."""
-  fields = {"absolute_type": fields.Field("sinusoidal", fields.one_of(*ABSOLUTE_TYPES),
-                                          "sinusoidal | t2t_timing_signal | learned")}
+  fields = ENCODING_FIELDS
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position == cls.name:
-      check_encoding(config)
+    check_encoding(config)
 
   def embedding(self, *, rngs: nnx.Rngs) -> AbsolutePositionEncoding:
     return encoding(self.config, rngs)

@@ -4,7 +4,9 @@ A variant is a `Variant` subclass registered under the name `model.position` sel
 asks it three things and nothing else:
 
   fields / check   its own `model.*` config fields (default, rule, doc) and the rules between
-                   them and the rest of the model;
+                   them and the rest of the model (only the selected variant's are in a run's
+                   config; a variant built on another lists that one's fields too, the same
+                   `Field` objects);
   embedding        a module whose output [batch or 1, n, emb_dim] is added to the token
                    embeddings of each stack (absolute encodings), or None; a
                    `StochasticEmbedding` is also told whether it is training;
@@ -107,9 +109,15 @@ class Variant:
 
   @classmethod
   def check(cls, config: Any) -> None:
-    """Rules between this variant's fields and the model's; runs for every model, whichever
-    variant it selects (`config.position == cls.name` when this one). Raise
-    `relpos.fields.invalid("model.<field>", value, allowed)`."""
+    """Rules between this variant's fields and the model's, for a model that selects it.
+    Raise `relpos.fields.invalid("model.<field>", value, allowed)`."""
+
+  @classmethod
+  def value_table_field(cls, config: Any) -> str | None:
+    """The field of this variant that adds a table to the attention values (a^V) in `config`,
+    or None when it adds none (fused kernels such as cuDNN's cannot add one)."""
+    del config
+    return None
 
   def embedding(self, *, rngs: nnx.Rngs) -> nnx.Module | None:
     """A module mapping positions [batch or 1, n] to [batch or 1, n, emb_dim], added to the
@@ -141,7 +149,8 @@ def register(name: str) -> Callable[[V], V]:
       raise ValueError(f"position variant {name!r} is already registered "
                        f"({_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}).")
     for other in _REGISTRY.values():
-      taken = set(other.fields) & set(cls.fields)
+      taken = {field for field in set(other.fields) & set(cls.fields)
+               if other.fields[field] is not cls.fields[field]}  # a shared Field is one field
       if other.name != name and taken:
         raise ValueError(f"variant {name!r}: field model.{sorted(taken)[0]} is already a field "
                          f"of variant {other.name!r}.")
@@ -171,3 +180,8 @@ def get(name: str) -> type[Variant]:
 def all_fields() -> dict[str, fields_lib.Field]:
   """The `model.*` fields of every registered variant."""
   return {name: field for cls in _REGISTRY.values() for name, field in cls.fields.items()}
+
+
+def owner(field: str) -> str:
+  """The name of the first registered variant that declares `model.<field>`."""
+  return next(cls.name for cls in _REGISTRY.values() if field in cls.fields)

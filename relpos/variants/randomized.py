@@ -53,6 +53,7 @@ class RandomizedEncoding(interface.StochasticEmbedding):
 class Randomized(interface.Variant):
   """Randomized absolute encodings added to the embeddings; nothing inside attention."""
   fields = {
+      **absolute.ENCODING_FIELDS,
       "randomized_max_position": fields.Field(
           2048, fields.integer(1), "L: training positions are drawn from 0..L-1 (>= max_len)"),
       "randomized_eval_stride": fields.Field(
@@ -61,8 +62,6 @@ class Randomized(interface.Variant):
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position != cls.name:
-      return
     shape.check_fixed_encoding(config, cls.name)
     if config.randomized_max_position < config.max_len:
       raise fields.invalid("model.randomized_max_position", config.randomized_max_position,

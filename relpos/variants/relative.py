@@ -69,6 +69,7 @@ class Relative(interface.Variant):
   fields = {
       "add_absolute": fields.Field(False, fields.BOOLEAN,
                                    "also add absolute encodings (model.absolute_type)"),
+      **absolute.ENCODING_FIELDS,  # absolute + relative: Shaw et al.'s combination
       "max_relative_position": fields.Field(16, fields.integer(0),
                                             "k: distances clipped to [-k, k]"),
       "relative_key": fields.Field(True, fields.BOOLEAN, "a^K"),
@@ -81,12 +82,6 @@ class Relative(interface.Variant):
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position != cls.name:
-      if config.add_absolute:
-        raise fields.invalid("model.add_absolute", True,
-                             f"False unless model.position='relative' "
-                             f"(position={config.position!r})")
-      return
     if config.add_absolute:
       absolute.check_encoding(config)
     if not (config.relative_key or config.relative_value):
@@ -94,10 +89,10 @@ class Relative(interface.Variant):
                            "True when model.relative_value=False under model.position="
                            "'relative' (a^K and a^V cannot both be off; use position='none' "
                            "for neither)")
-    if config.attention_implementation == "cudnn" and config.relative_value:
-      raise fields.invalid("model.relative_value", True,
-                           "False (cuDNN cannot add a^V) under model.attention_implementation="
-                           "'cudnn' (or use 'auto', which falls back to XLA)")
+
+  @classmethod
+  def value_table_field(cls, config) -> str | None:
+    return "relative_value" if config.relative_value else None
 
   def __init__(self, config):
     super().__init__(config)

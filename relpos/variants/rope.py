@@ -31,7 +31,7 @@ class Rope(interface.Variant):
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position == cls.name and config.head_dim % 2:
+    if config.head_dim % 2:
       raise fields.invalid("model.qkv_dim", config.qkv_dim,
                            f"a multiple of 2 * model.num_heads={2 * config.num_heads} under "
                            f"model.position='rope' (even head dim)")

@@ -45,13 +45,13 @@ def check_fixed_encoding(config, variant: str) -> None:
 @interface.register("shape")
 class Shape(interface.Variant):
   """Shifted absolute encodings added to the embeddings; nothing inside attention."""
-  fields = {"shape_max_shift": fields.Field(500, fields.integer(0),
+  fields = {**absolute.ENCODING_FIELDS,
+            "shape_max_shift": fields.Field(500, fields.integer(0),
                                             "K: training offsets are drawn from 0..K")}
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position == cls.name:
-      check_fixed_encoding(config, cls.name)
+    check_fixed_encoding(config, cls.name)
 
   def embedding(self, *, rngs: nnx.Rngs) -> ShiftedEncoding:
     return ShiftedEncoding(self.config.absolute_type, self.config.emb_dim,

@@ -70,8 +70,6 @@ class T5(interface.Variant):
 
   @classmethod
   def check(cls, config) -> None:
-    if config.position != cls.name:
-      return
     # The causal (decoder) buckets are the stricter case: num_buckets // 2 exact distances.
     if config.t5_num_buckets < 4:
       raise fields.invalid("model.t5_num_buckets", config.t5_num_buckets, "an integer >= 4")

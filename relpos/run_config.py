@@ -1,0 +1,353 @@
+"""A run's config: its fields, its validation, how two configs differ, and its file.
+
+A config has five sections. The fields of `seed`, `task.*`, `train.*` and `decode.*` are
+declared below, one `relpos.fields.Field` each (default, rule, doc); `model.*` are the typed
+attributes of `relpos.model.TransformerConfig` and the fields of the position variant it
+selects. `validate` checks a config once, at a program's start, and returns a `RunConfig`: every
+field present and checked, frozen; nothing downstream validates again. A run writes it to
+`<workdir>/config.json` (`write`); `load` reads it back (for evaluation, resuming, a table), and
+`differences` says which fields two configs disagree on, and what each change does.
+"""
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from relpos import fields
+from relpos import model as model_lib
+from relpos import runtime
+from relpos import variants
+from relpos.fields import BOOLEAN, NEUTRAL, NON_EMPTY_STRING, STRING, TOKENIZER, Field
+from relpos.fields import integer, number, one_of
+
+TASKS = ("synthetic", "multi30k", "wmt14")
+# The checkpoint a table scores (and eval.py's named ones): the best by validation BLEU, the
+# latest, or the average of the parameters of the last N saved ones (group 1: N).
+CHECKPOINT_CHOICE = re.compile(r"best|latest|average:([2-9]|[1-9][0-9]+)")
+_CHOICE = "'best', 'latest' or 'average:<N>' with N >= 2"
+
+# Section -> field -> Field, for every section but `model`. The defaults are the synthetic
+# task's with a model sized for 2 CPU cores (`configs/default.py`); `absent` is the value that
+# reproduces runs saved before a field existed.
+SECTIONS: dict[str, dict[str, Field]] = {
+    "": {"seed": Field(0, integer(0), "parameters, dropout and data order")},
+    "task": {
+        "name": Field("synthetic", one_of(*TASKS), "the data", effect=TOKENIZER),
+        "tfds_data_dir": Field("", STRING, "'' -> $RELPOS_DATA_DIR or ~/tensorflow_datasets",
+                               effect=NEUTRAL),
+        "source_lang": Field("en", NON_EMPTY_STRING, "source language", effect=TOKENIZER),
+        "target_lang": Field("de", NON_EMPTY_STRING, "target language", effect=TOKENIZER),
+        "manual_dir": Field("", STRING, "multi30k: the folder of its raw .gz files",
+                            effect=NEUTRAL),
+        "download_url": Field("", STRING, "multi30k: URL base of downloads ('' -> public repo)",
+                              effect=NEUTRAL),
+        "vocab_size": Field(256, integer(8), "SentencePiece vocabulary (source and target)",
+                            effect=TOKENIZER),
+        "spm_model_type": Field("unigram", one_of("unigram", "bpe", "word", "char"),
+                                "SentencePiece model", effect=TOKENIZER),
+        "spm_seed": Field(0, integer(0), "tokenizer training sample (above 2M sentences)",
+                          effect=TOKENIZER),
+        "max_length": Field(48, integer(2), "training: tokens per sequence"),
+        "overlong": Field("filter", one_of("filter", "truncate"),
+                          "training sentences over max_length (evaluation never drops)"),
+        "packing": Field(True, BOOLEAN, "pack examples into rows (False: length buckets)"),
+        "shuffle_buffer_seed": Field(0, integer(0), "folded with seed into the shuffle seed"),
+        "concat_probability": Field(
+            0.0, number(0.0, 1.0), "training: probability that an example is joined with a "
+            "random other one (Kondo et al. 2021); 0: off"),
+    },
+    "task.synthetic": {
+        "seed": Field(1234, integer(0), "the generated corpus"),
+        "num_train": Field(20000, integer(1), "training pairs"),
+        "num_validation": Field(500, integer(1), "validation pairs"),
+        "num_test": Field(500, integer(1), "test pairs"),
+        "num_test_long": Field(500, integer(1), "test_long pairs"),
+        "min_words": Field(3, integer(1), "train/validation/test source length range (words)"),
+        "max_words": Field(12, integer(1), ""),
+        "long_min_words": Field(13, integer(1), "test_long source length range (words)"),
+        "long_max_words": Field(24, integer(1), ""),
+    },
+    "train": {
+        "batch_size": Field(32, integer(1), "global, rows of task.max_length tokens"),
+        "grad_accumulation_steps": Field(
+            1, integer(1), "micro-batches of batch_size / N rows a step (batch_size divides by "
+            "N times the device count)"),
+        "num_steps": Field(1000, integer(1), "training steps"),
+        "learning_rate": Field(0.002, number(0.0, open_min=True), "peak, after warmup_steps"),
+        "warmup_steps": Field(150, integer(1), "linear warm-up, then inverse square root"),
+        "adam_b1": Field(0.9, number(0.0, 1.0, open_max=True), "Adam beta1"),
+        "adam_b2": Field(0.98, number(0.0, 1.0, open_max=True), "Adam beta2"),
+        "adam_eps": Field(1e-9, number(0.0, open_min=True), "Adam epsilon"),
+        "weight_decay": Field(0.0, number(0.0), "decoupled weight decay (AdamW)"),
+        "label_smoothing": Field(0.1, number(0.0, 1.0, open_max=True), "of the loss"),
+        "grad_clip_norm": Field(0.0, number(0.0), "global gradient norm clip; 0: none"),
+        "nonfinite": Field("raise", one_of("raise", "skip"),
+                           "a non-finite loss or update: stop, or skip the step"),
+        "max_skipped_fraction": Field(0.01, number(0.0, 1.0), "skip: stop once more of "
+                                      "num_steps' updates were skipped", absent=1.0),
+        "log_every_steps": Field(50, integer(1), "train metrics", effect=NEUTRAL),
+        "eval_every_steps": Field(500, integer(1), "validation (and a checkpoint)"),
+        "early_stopping_patience": Field(
+            0, integer(0), "stop after this many validations without a better BLEU (loss "
+            "without BLEU); 0: train num_steps"),
+        "checkpoint_every_steps": Field(500, integer(1), "checkpoints", effect=NEUTRAL),
+        "keep_checkpoints": Field(2, integer(1), "the newest kept (and the best)",
+                                  effect=NEUTRAL),
+        "eval_batch_size": Field(64, integer(1), "rows of an evaluation batch"),
+    },
+    "decode": {
+        "beam_size": Field(4, integer(1), "beam search width (1: greedy)"),
+        "alpha": Field(0.6, number(0.0), "GNMT length penalty"),
+        "max_decode_len": Field(0, integer(0), "0 -> 2 * source length + 10, <= model.max_len"),
+        "validation_bleu": Field(True, BOOLEAN, "beam-search BLEU at each validation"),
+        "checkpoint": Field("best", fields.Rule(
+            _CHOICE, lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
+            "the checkpoint a table scores: best (validation BLEU) | latest | average:<N> "
+            "(the parameters of the last N saved averaged)"),
+        "other_checkpoints": Field("", fields.Rule(
+            f"'' or a comma-separated list of {_CHOICE}",
+            lambda v: isinstance(v, str) and all(
+                CHECKPOINT_CHOICE.fullmatch(c) for c in v.split(",")) if v else v == ""),
+            "choices a table scores beside `checkpoint`, e.g. 'average:10,latest'",
+            effect=NEUTRAL),
+        "length_diagnostics": Field(True, BOOLEAN, "a table run's length diagnostics "
+                                    "(relpos.experiments.diagnostics)", effect=NEUTRAL),
+    },
+}
+MODEL = "model"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A validated run config: every field present and checked.
+
+  Attributes:
+    seed: the run's seed.
+    task, train, decode: their sections (read-only ConfigDicts: `config.train.batch_size`).
+    model: the architecture, typed.
+  """
+  seed: int
+  task: ml_collections.FrozenConfigDict
+  model: model_lib.TransformerConfig
+  train: ml_collections.FrozenConfigDict
+  decode: ml_collections.FrozenConfigDict
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config as nested plain data, as config.json and results.json hold it."""
+    return {"seed": self.seed, "task": self.task.to_dict(), "model": self.model.to_dict(),
+            "train": self.train.to_dict(), "decode": self.decode.to_dict()}
+
+  def other_checkpoints(self) -> list[str]:
+    """The checkpoint choices of `decode.other_checkpoints`, in order (empty when none)."""
+    return [c for c in self.decode.other_checkpoints.split(",") if c]
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """A config with every field at its default (every registered variant's `model.*` fields
+  too, so that the command line can set them)."""
+  config = {}
+  for section, declared in SECTIONS.items():
+    node = config
+    for name in section.split(".") if section else ():
+      node = node.setdefault(name, {})
+    node.update({name: field.default for name, field in declared.items()})
+  config[MODEL] = model_lib.default_config().to_dict()
+  ordered = {name: config[name] for name in ("seed", "task", MODEL, "train", "decode")}
+  return ml_collections.ConfigDict(ordered)
+
+
+def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+  """The checked fields of every section but `model`, by section (`SECTIONS`' order)."""
+  resolved = {}
+  for section, declared in SECTIONS.items():
+    node = given
+    for name in section.split(".") if section else ():
+      node = node.get(name) if isinstance(node, Mapping) else None
+      if not isinstance(node, Mapping):
+        raise ValueError(f"config section {section} is missing.")
+    subsections = {path.rpartition(".")[2] for path in SECTIONS
+                   if path and path.rpartition(".")[0] == section}
+    if not section:
+      subsections |= {MODEL}
+    values = {name: value for name, value in node.items() if name not in subsections}
+    resolved[section] = fields.resolve(values, declared, section)
+  return resolved
+
+
+def _check_between(sections: dict[str, dict[str, Any]], model: model_lib.TransformerConfig
+                   ) -> None:
+  """Rules between fields: ranges given as (min, max), lengths against model.max_len."""
+  synthetic = sections["task.synthetic"]
+  for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
+    if synthetic[low] > synthetic[high]:
+      raise ValueError(f"config field task.synthetic.{low}={synthetic[low]} must be <= "
+                       f"task.synthetic.{high}={synthetic[high]}.")
+  for section, name in (("task", "max_length"), ("decode", "max_decode_len")):
+    if sections[section][name] > model.max_len:
+      raise ValueError(f"config field {section}.{name}={sections[section][name]} must be <= "
+                       f"model.max_len={model.max_len}.")
+
+
+def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig:
+  """Checks every field of a run config; the one validation of a program.
+
+  Args:
+    config: the full config (seed, task, model, train, decode); left as it is.
+
+  Returns:
+    The validated config. A field the config lacks takes its value for configs saved before
+    it existed, with a warning.
+
+  Raises:
+    ValueError: naming the first invalid, unknown or missing field, its value and what is
+      allowed.
+  """
+  given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+  sections = _sections(given)
+  if not isinstance(given.get(MODEL), Mapping):
+    raise ValueError("config section model is missing.")
+  model = model_lib.TransformerConfig.from_config(given[MODEL], sections["task"]["vocab_size"])
+  _check_between(sections, model)
+  task = {**sections["task"], "synthetic": sections["task.synthetic"]}
+  return RunConfig(seed=sections[""]["seed"], task=ml_collections.FrozenConfigDict(task),
+                   model=model, train=ml_collections.FrozenConfigDict(sections["train"]),
+                   decode=ml_collections.FrozenConfigDict(sections["decode"]))
+
+
+def replace(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
+  """`config` with the fields at dotted paths set (e.g. {"decode.beam_size": 5}), validated."""
+  data = config.to_dict()
+  for path, value in values.items():
+    *sections, name = path.split(".")
+    node = data
+    for section in sections:
+      node = node[section]
+    if name not in node:
+      raise ValueError(f"unknown config field {path}.")
+    node[name] = value
+  return validate(data)
+
+
+# --- a run's file --------------------------------------------------------------------------
+
+
+def read(path: str) -> RunConfig:
+  """The validated config in a config.json (data: nothing in it is executed or unpickled).
+
+  A variant of the user's own must be registered first (`load` imports the run's modules).
+
+  Raises:
+    ValueError: naming the file, when it is not JSON, not a config or not a valid one.
+  """
+  data = runtime.read_json(path)
+  if not isinstance(data, dict):
+    raise ValueError(f"{path} does not hold a config: it holds a {type(data).__name__}.")
+  try:
+    return validate(data)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+
+
+def load(workdir: str) -> RunConfig:
+  """The config a run wrote (`workdir/config.json`), after importing the modules the run
+  imported (`workdir/imports.json`: its own position variant).
+
+  Raises:
+    FileNotFoundError: the workdir or its config.json does not exist.
+    ValueError: the config is not JSON, not a config, or invalid (naming the file); a recorded
+      module fails to import or lies inside the workdir.
+  """
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"workdir {workdir} does not exist.")
+  path = os.path.join(workdir, runtime.CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
+  runtime.import_recorded(workdir)
+  return read(path)
+
+
+def write(config: RunConfig, workdir: str) -> None:
+  """Writes `workdir/config.json` (process 0), whole or not at all (a temporary file renamed),
+  so that evaluation never reads half of it."""
+  if jax.process_index() == 0:
+    runtime.write_json(os.path.join(workdir, runtime.CONFIG_FILE), config.to_dict(), indent=2,
+                       sort_keys=True)
+
+
+# --- differences ---------------------------------------------------------------------------
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A nested mapping as {"dotted.path": leaf value}."""
+  flat = {}
+  for name, value in tree.items():
+    if isinstance(value, Mapping):
+      flat.update(flatten(value, f"{prefix}{name}."))
+    else:
+      flat[f"{prefix}{name}"] = value
+  return flat
+
+
+def effect(path: str) -> str:
+  """What changing the field at a dotted path does (`relpos.fields` NEUTRAL, RESULT,
+  TOKENIZER or PARAMETERS)."""
+  section, _, name = path.rpartition(".")
+  if section == MODEL:
+    field = {**model_lib.FIELDS, **variants.all_fields()}.get(name)
+    default = fields.PARAMETERS
+  else:
+    field = SECTIONS.get(section, {}).get(name)
+    default = fields.RESULT
+  return default if field is None or field.effect is None else field.effect
+
+
+def differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any]]:
+  """(field, value before, value after) of every field that differs, in path order (lists and
+  tuples compare alike). Under two position variants, only model.position and the fields both
+  have are compared."""
+  old, new = flatten(before.to_dict()), flatten(after.to_dict())
+  if before.model.position != after.model.position:  # their variants' fields don't compare
+    old = {k: v for k, v in old.items() if k in new or not k.startswith(f"{MODEL}.")}
+    new = {k: v for k, v in new.items() if k in old or not k.startswith(f"{MODEL}.")}
+  plain = lambda v: list(v) if isinstance(v, tuple) else v
+  return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+          if plain(old.get(k)) != plain(new.get(k))]
+
+
+def result_differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any]]:
+  """`differences` that change a run's result: a finished run is reused only without any."""
+  return [d for d in differences(before, after) if effect(d[0]) != NEUTRAL]
+
+
+_FIXED_ON_RESUME = {TOKENIZER: "the tokenizer would change under the model",
+                    fields.PARAMETERS: "the model would change under its parameters"}
+
+
+def check_resume(config: RunConfig, workdir: str, *, resuming: bool) -> None:
+  """Compares `config` with the config.json of the run's earlier start (when there is one),
+  warning about the fields that differ.
+
+  Raises:
+    ValueError: (`resuming`) a field that would change the tokenizer or the model under the
+      checkpoints' parameters changed, naming it, both values, the file and what to do; or
+      the file is not a valid config (named).
+  """
+  path = os.path.join(workdir, runtime.CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  changed = differences(read(path), config)
+  fixed = [d for d in changed if effect(d[0]) in _FIXED_ON_RESUME]
+  if resuming and fixed:
+    field, before, after = fixed[0]
+    raise ValueError(
+        f"config field {field}={after!r} differs from the {before!r} that the checkpoints in "
+        f"{workdir} were trained with ({path}): {_FIXED_ON_RESUME[effect(field)]}. Resume "
+        f"with {field}={before!r} or train in a new --workdir.")
+  if changed:
+    logging.warning("%s: changed since the run's last start: %s.", path,
+                    ", ".join(f"{k}={b!r}->{a!r}" for k, b, a in changed))
