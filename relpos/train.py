@@ -44,12 +44,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import checkpoints
 from relpos import config_validation
+from relpos import device_mesh
 from relpos import evaluate
 from relpos import fields as fields_lib
+from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
-from relpos import runtime
+from relpos import source_tree
+from relpos import user_modules
+from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -296,7 +300,7 @@ class Steps:
                train_config: ml_collections.ConfigDict):
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.batch_sharding = NamedSharding(mesh, PartitionSpec(runtime.DATA_AXIS))
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
     self.graphdef, _, _ = model_lib.abstract_model(model_config)
     optimizer = make_optimizer(train_config)
     self.init = jax.jit(functools.partial(init_train_state, model_config, optimizer),
@@ -341,7 +345,7 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
   """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
   totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
   for batch in batches:
-    sums = jax.device_get(steps.eval(state, steps.global_batch(runtime.process_rows(batch))))
+    sums = jax.device_get(steps.eval(state, steps.global_batch(device_mesh.process_rows(batch))))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   loss = totals["loss_sum"] / totals["tokens"]
   return {"loss": loss, "perplexity": float(np.exp(loss)),
@@ -447,7 +451,7 @@ def check_config_changes(config: ml_collections.ConfigDict, workdir: str, *,
     ValueError: (`resuming`) a field with a `resume_fixed_reason` changed, naming it, both
       values, the file and what to do; or the file is not a config (named).
   """
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
+  path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
     return
   saved = config_validation.flatten(evaluate.read_config_json(path).to_dict())
@@ -472,8 +476,8 @@ def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   temporary file renamed), so that evaluation never reads half of it."""
   if jax.process_index() != 0:
     return
-  runtime.write_json(os.path.join(workdir, runtime.CONFIG_FILE), config.to_dict(), indent=2,
-                     sort_keys=True)
+  json_files.write_json(os.path.join(workdir, workdir_files.CONFIG_FILE), config.to_dict(),
+                        indent=2, sort_keys=True)
 
 
 class _Recorder:
@@ -623,15 +627,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     try:
       check_config_changes(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
-      steps = get_steps(runtime.make_mesh(), model_config, config.train)
+      steps = get_steps(device_mesh.make_mesh(), model_config, config.train)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       write_config(config, workdir)
-      runtime.write_imports(workdir)
-      metrics_writer.record_start(workdir, int(state["step"]), runtime.source_commit())
+      user_modules.write_imports(workdir)
+      metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
     finally:
       manager.close()

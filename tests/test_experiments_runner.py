@@ -116,7 +116,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert run["config"]["seed"] == 0 and run["config"]["train"]["num_steps"] == 4
     assert [s["step"] for s in run["starts"]] == [0]
     assert run["commits"] == [run["starts"][0]["commit"]] == [run["commit"]]
-    assert run["commit"] == runner.runtime.source_commit()
+    assert run["commit"] == runner.source_tree.commit()
     latest = run["other_checkpoints"]["latest"]
     assert set(latest) == {"validation", "test", "test_long"}
     assert latest["test"]["step"] == 4 and latest["test"]["num_sentences"] == 8
@@ -433,7 +433,7 @@ def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
   result = runner.run_one("ablation", "abs", 0, "synthetic", workdir,
                           {**overrides, "train.num_steps": 6})
   assert [s["step"] for s in result["starts"]] == [0, 4]
-  assert result["commits"] == [runner.runtime.source_commit()]
+  assert result["commits"] == [runner.source_tree.commit()]
   last_train = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"][-1]
   assert last_train["step"] == 6 and last_train["elapsed_s"] > first_start_s > 0
   validation_s = sum(r["time_s"] for r in metrics_writer.read_metrics(workdir)

@@ -13,9 +13,9 @@ from jax.sharding import Mesh
 from configs import tiny
 from relpos import checkpoints
 from relpos import config_validation
+from relpos import device_mesh
 from relpos import evaluate
 from relpos import metrics_writer
-from relpos import runtime
 from relpos import train
 
 NUM_STEPS = 12
@@ -291,7 +291,7 @@ def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypat
   manager = checkpoints.make_manager(str(tmp_path), read_only=True)
   # The last 2 and the best (the lowest loss, at step 4), which evaluation's "best" restores.
   assert (manager.latest_step(), manager.best_step(), manager.all_steps()) == (8, 4, [4, 6, 8])
-  assert evaluate.restore_model(str(tmp_path), config, "best", runtime.make_mesh())[1] == 4
+  assert evaluate.restore_model(str(tmp_path), config, "best", device_mesh.make_mesh())[1] == 4
 
 
 def test_config_written_before_the_new_train_fields_still_validates():

@@ -45,11 +45,14 @@ from absl import logging
 
 from configs import ablation
 from relpos import config_validation
+from relpos import device_mesh
 from relpos import evaluate
+from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
-from relpos import runtime
+from relpos import source_tree
 from relpos import train
+from relpos import user_modules
 from relpos.data import pipeline
 from relpos.experiments import analysis
 from relpos.experiments import children
@@ -84,7 +87,7 @@ EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flick
                "wmt14": ("test",)}
 ANALYSIS_SENTENCES = 128
 # The source tree's root (where `relpos` and `configs` are imported from).
-ROOT = runtime.SOURCE_ROOT
+ROOT = source_tree.ROOT
 RESULT_FILE = "result.json"
 LOG_FILE = "run.log"
 LOCK_FILE = "run.lock"
@@ -221,7 +224,7 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
      "oracle_length", "token_accuracy_by_position", "attention_profile"}.
   """
   config = evaluate.load_run_config(workdir)
-  mesh = runtime.make_mesh()
+  mesh = device_mesh.make_mesh()
   task = pipeline.get_task(config.task)
   model, scores, by_length, lengths = score_checkpoint(workdir, config, task,
                                                        config.decode.checkpoint, mesh)
@@ -324,7 +327,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
     result = {
         "table": table, "row": row, "seed": seed, "task": task,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
-        "commit": starts[-1]["commit"] if starts else runtime.source_commit(),
+        "commit": starts[-1]["commit"] if starts else source_tree.commit(),
         # Every start of the run (time, step, commit, host) and the commits in order.
         "starts": starts, "commits": list(dict.fromkeys(s["commit"] for s in starts)),
         # Seconds over every start of the run (`metrics_writer.elapsed_seconds`; compilation
@@ -338,7 +341,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
         "config": json.loads(config.to_json()), "workdir": os.path.abspath(workdir),
         "environment": {**environment(), "finished_at": _now()},
     }
-    runtime.write_json(os.path.join(workdir, RESULT_FILE), result, indent=1)
+    json_files.write_json(os.path.join(workdir, RESULT_FILE), result, indent=1)
   return result
 
 
@@ -354,7 +357,7 @@ def read_result(path: str) -> dict[str, Any]:
       RESULT_FIELDS), and how to evaluate the run again.
   """
   try:
-    result = runtime.read_json(path)
+    result = json_files.read_json(path)
   except ValueError as e:
     raise ValueError(f"{str(e).rstrip('.')}: delete it to evaluate that run again.") from None
   missing = ([f for f in RESULT_FIELDS if f not in result] if isinstance(result, dict)
@@ -388,7 +391,7 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def write_outputs(output_dir: str) -> dict[str, Any]:
   """results.json from the finished runs, then table.md and the plots from it."""
   results_path = os.path.join(output_dir, "results.json")
-  runtime.write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
+  json_files.write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
                                     "written_at": _now(), **environment(),
                                     "runs": collect(output_dir)}, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
@@ -441,7 +444,7 @@ def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list
   """The command that trains and evaluates `run` in a process of its own."""
   return [sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
           f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
-          *(f"--import={spec}" for spec in runtime.imported()),
+          *(f"--import={spec}" for spec in user_modules.imported()),
           *(f"--set={format_override(k, v)}" for k, v in (overrides or {}).items())]
 
 
