@@ -197,6 +197,6 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
     return work()
   except USER_ERRORS as e:
     sys.exit(f"error: {checkpoints.short_cause(e, max_chars=None)}")
-  except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.train.Preemption)
+  except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.preemption)
     print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
     sys.exit(130)

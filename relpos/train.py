@@ -23,8 +23,6 @@ small activations would flush to zero) and the gradients scaled back down.
 """
 import functools
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,7 +37,6 @@ import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import checkpoints
@@ -56,6 +53,7 @@ from relpos import user_modules
 from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
+from relpos.preemption import Preemption
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -353,46 +351,6 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
 
 
 # --- the loop ----------------------------------------------------------------------------------
-
-
-class Preemption:
-  """SIGTERM or SIGINT (or, on several processes, JAX's preemption sync point) -> save and stop.
-
-  One process: a handler of both signals (installed from the main thread) records the signal,
-  checked after every step. Several: JAX's preemption service agrees on the step at which all
-  processes save.
-
-  Attributes:
-    signal: the name of the signal received ("SIGTERM", "SIGINT"), or None.
-  """
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.signal: str | None = None
-    self._requested = threading.Event()
-    self._handles_signal = (jax.process_count() == 1
-                            and threading.current_thread() is threading.main_thread())
-    self._previous = {}
-
-  def _request(self, signum: int, _) -> None:
-    self.signal = signal.Signals(signum).name
-    self._requested.set()
-
-  def __enter__(self) -> "Preemption":
-    if self._handles_signal:
-      self._previous = {s: signal.signal(s, self._request) for s in self.SIGNALS}
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-  def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step` (same answer on every process)."""
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self._requested.is_set()
 
 
 def check_divisible(config: ml_collections.ConfigDict) -> None:

@@ -31,7 +31,6 @@ import datetime
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +49,7 @@ from relpos import evaluate
 from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
+from relpos import preemption
 from relpos import source_tree
 from relpos import train
 from relpos import user_modules
@@ -285,7 +285,7 @@ class StopRequested(Exception):
   """SIGTERM arrived while a run was being evaluated (after its training was saved)."""
 
 
-def _raise_stop(*_) -> None:
+def _raise_stop(_: str) -> None:
   raise StopRequested()
 
 
@@ -308,17 +308,13 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
     if summary["preempted"]:
       return None
     evaluation_start = time.time()
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_stop) if in_main_thread else None
     try:
-      evaluation = evaluate_run(workdir)
+      with preemption.Preemption(signals=(signal.SIGTERM,), on_signal=_raise_stop):
+        evaluation = evaluate_run(workdir)
     except StopRequested:
       logging.warning("Stopped during the final evaluation of %s; its training is saved, and "
                       "running the same command again evaluates it.", workdir)
       return None
-    finally:
-      if in_main_thread:
-        signal.signal(signal.SIGTERM, previous)
     evaluation_s = time.time() - evaluation_start
     records = metrics_writer.read_metrics(workdir)
     training_s = metrics_writer.elapsed_seconds(records)
