@@ -187,34 +187,12 @@ def test_unknown_row_and_override_fail_before_any_work(tmp_path):
   assert not os.listdir(tmp_path)
 
 
-def test_the_length_table_rows_and_their_task_fields():
-  assert runner.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
-                                     "randomized", "rel_kv_concat")
-  assert runner.row_in_table("rel_k", "length") and not runner.row_in_table("k=4", "length")
-  config = runner.run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
-  assert (config.seed, config.train.num_steps) == (2, 3)
-  assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
-  override = runner.run_config("rel_kv_concat", 0, "synthetic",
-                               {"task.concat_probability": 0.0})  # the command line wins
-  assert override.task.concat_probability == 0.0
-
-
 def test_length_buckets_cover_every_sentence():
   sources = ["a b c", "a b c d e f", "a " * 11, "a " * 12]
   edges = runner.length_edges(sources)
   assert edges == [3, 6, 9, 12]
   scores = runner.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
   assert list(scores) == ["3-5", "6-8", "9-11", "12"]
-
-
-def test_parse_override():
-  assert runner.parse_override("train.num_steps=100") == ("train.num_steps", 100)
-  assert runner.parse_override("task.name=multi30k") == ("task.name", "multi30k")
-  assert runner.parse_override("model.relative_key=False") == ("model.relative_key", False)
-  with pytest.raises(ValueError, match="dotted.field=value"):
-    runner.parse_override("train.num_steps")
-  for field, value in (("a.b", 0.1), ("a.b", "x y"), ("a.b", (1, 2)), ("a.b", "3")):
-    assert runner.parse_override(runner.format_override(field, value)) == (field, value)
 
 
 def _results(output_dir: str) -> list[dict]:

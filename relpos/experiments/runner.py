@@ -24,7 +24,6 @@ given 0.9 / N of the accelerator's memory; the data and tokenizer are prepared h
 the children only read them. SIGINT or SIGTERM stops the children (they save a checkpoint) and
 returns; a second one kills them.
 """
-import ast
 import json
 import dataclasses
 import datetime
@@ -42,7 +41,6 @@ import numpy as np
 from flax import nnx
 from absl import logging
 
-from configs import ablation
 from relpos import config_validation
 from relpos import device_mesh
 from relpos import evaluate
@@ -59,29 +57,8 @@ from relpos.experiments import children
 from relpos.experiments import diagnostics
 from relpos.experiments import plots
 from relpos.experiments import report
+from relpos.experiments import tables
 
-# Table name -> its rows when none are named.
-TABLES: dict[str, tuple[str, ...]] = {
-    "ablation": ablation.ABLATION_ROWS,
-    "k_sweep": tuple(f"k={k}" for k in ablation.K_GRID),
-    "length": ablation.LENGTH_ROWS,
-}
-
-
-def row_in_table(row: str, table: str) -> bool:
-  """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
-  ablation and length tables any row of `configs/ablation.py` and any other registered
-  position variant (a row of its own name)."""
-  if table == "k_sweep" and row.startswith("k="):
-    ablation.row_overrides(row)  # a malformed k raises, naming the row
-    return True
-  return row in TABLES[table] or (
-      table in ("ablation", "length")
-      and (row in ablation.ROWS or row in ablation.variant_rows()))
-
-
-# The tasks a table runs on: the bases of configs/ablation.py (model, data and training budget).
-TASKS = tuple(ablation.BASES)
 # Held-out splits scored per dataset (`config.task.name`).
 EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",),
                "wmt14": ("test",)}
@@ -97,35 +74,6 @@ REPLACED_MARK = ".replaced-"
 # The orders a table's runs can go in: each row's seeds one after another, or each seed's pass
 # over the rows before the next seed (a whole table of one seed early).
 ORDERS = ("rows", "seeds")
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-  """`"train.num_steps=100"` -> ("train.num_steps", 100); non-literals stay strings."""
-  if "=" not in text:
-    raise ValueError(f"--set {text!r}: expected dotted.field=value.")
-  field, value = text.split("=", 1)
-  try:
-    return field, ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return field, value
-
-
-def format_override(field: str, value: Any) -> str:
-  """The `--set` text that `parse_override` reads back as (field, value)."""
-  return f"{field}={value!r}"
-
-
-def run_config(row: str, seed: int, task: str,
-               overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
-  """The config of one run: the ablation row on `task`, seeded, with dotted-key overrides.
-
-  Raises:
-    ValueError: for an unknown row, task or override field, or an override of another type.
-  """
-  config = ablation.get_config(f"{row},{task}")
-  config.seed = seed
-  ablation.set_fields(config, overrides or {})
-  return config
 
 
 # The source-length buckets of every per-length figure (`diagnostics.source_length_bins`).
@@ -299,7 +247,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   Returns None, writing nothing, when SIGTERM stopped it: during training after its checkpoint,
   during the final evaluation at once (its training is saved; a rerun evaluates it).
   """
-  config = run_config(row, seed, task, overrides)
+  config = tables.run_config(row, seed, task, overrides)
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir, lock_file=LOCK_FILE, wait=True):
     if os.path.exists(os.path.join(workdir, RESULT_FILE)):
@@ -379,7 +327,7 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
       except ValueError as e:
         logging.warning("Left out of the table: %s", e)
   order = {}
-  for key in ((t, r) for t in TABLES for r in (*TABLES[t], *ablation.ROWS)):
+  for key in ((t, r) for t in tables.TABLES for r in (*tables.TABLES[t], *tables.ROWS)):
     order.setdefault(key, len(order))
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
@@ -399,7 +347,7 @@ def write_outputs(output_dir: str) -> dict[str, Any]:
 def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | None) -> None:
   """Builds (or opens) the TFDS dataset and the tokenizer of every run's task, once each."""
   for run in runs:
-    pipeline.get_task(run_config(run.row, run.seed, task, overrides).task)
+    pipeline.get_task(tables.run_config(run.row, run.seed, task, overrides).task)
 
 
 def _duration(seconds: float) -> str:
@@ -441,7 +389,7 @@ def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list
   return [sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
           f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
           *(f"--import={spec}" for spec in user_modules.imported()),
-          *(f"--set={format_override(k, v)}" for k, v in (overrides or {}).items())]
+          *(f"--set={tables.format_override(k, v)}" for k, v in (overrides or {}).items())]
 
 
 def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
@@ -519,7 +467,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
     if not os.path.exists(run.result):
       pending.append(run)
       continue
-    requested = run_config(run.row, run.seed, task, overrides)
+    requested = tables.run_config(run.row, run.seed, task, overrides)
     config_validation.validate(requested)
     differences = _differences_from_request(run, requested)
     if not differences:
@@ -544,8 +492,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
-    table: a name of `TABLES`.
-    task: one of TASKS (a base of configs/ablation.py).
+    table: a name of `tables.TABLES`.
+    task: one of tables.TASKS (its base config a file of configs/).
     seeds: the seeds to run each row with.
     output_dir: where runs, results.json, table.md and plots go (resumable).
     rows: a subset of the table's rows (default all).
@@ -568,22 +516,22 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       config (see `pending_runs`).
     locks.WorkdirInUseError: another table runs in `output_dir`.
   """
-  if table not in TABLES:
-    raise ValueError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}.")
+  if table not in tables.TABLES:
+    raise ValueError(f"unknown table {table!r}; allowed: {', '.join(tables.TABLES)}.")
   if not seeds:
     raise ValueError("no seeds to run: --seeds must be at least 1.")
   if parallel < 1:
     raise ValueError(f"parallel={parallel}: must be at least 1.")
   if order not in ORDERS:
     raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
-  rows = list(rows or TABLES[table])
+  rows = list(rows or tables.TABLES[table])
   for row in rows:
-    if not row_in_table(row, table):
+    if not tables.row_in_table(row, table):
       any_k = " or any k=<int>" if table == "k_sweep" else ""
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
-                       f"{', '.join(TABLES[table])}{any_k}.")
+                       f"{', '.join(tables.TABLES[table])}{any_k}.")
   for row in rows:  # every config valid before any work
-    config_validation.validate(run_config(row, seeds[0], task, overrides))
+    config_validation.validate(tables.run_config(row, seeds[0], task, overrides))
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)
