@@ -13,7 +13,7 @@ with one run per (table, row, seed), each also holding the "environment" (versio
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
      "time_s": {"training": ..., "validation": ..., "evaluation": ...} (schema 3: where
-     wall_time_s went, see `relpos.experiments.runner.run_one`),
+     wall_time_s went, see `relpos.experiments.single_run.run_one`),
      "steps_per_second": ..., "num_params": ...,
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
      "starts": [{"started_at", "step", "commit", "host"}, ...], "commits": [...] (schema 4:

@@ -15,7 +15,7 @@ from absl import app
 from absl import flags
 
 from relpos import cli
-from relpos.experiments import runner
+from relpos.experiments import single_run
 from relpos.experiments import tables
 
 _IMPORT = cli.define_import_flag()  # the parent's --import, for its variants
@@ -29,7 +29,7 @@ _SET = flags.DEFINE_multi_string(
 
 
 def main(argv: Sequence[str]) -> None:
-  cli.run(argv, lambda: runner.run_one(
+  cli.run(argv, lambda: single_run.run_one(
       _TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
       dict(tables.parse_override(s) for s in _SET.value)))
 
