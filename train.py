@@ -4,7 +4,7 @@ Any config field can be overridden, e.g. `--config.model.max_relative_position=8
 variant of your own is trained with `--import=my_variant.py --config.model.position=<its
 name>`. Starting again with the same --workdir resumes from its latest checkpoint; SIGTERM
 saves a checkpoint and exits with status 0. On several hosts pass --multihost
-(see relpos.runtime.initialize_distributed).
+(see relpos.distributed.initialize).
 """
 import json
 

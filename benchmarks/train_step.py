@@ -17,7 +17,7 @@ import numpy as np
 from benchmarks import common
 from configs import ablation
 from relpos import run_config
-from relpos import runtime
+from relpos import device_mesh
 from relpos import train as train_lib
 from relpos.data import pipeline
 
@@ -79,7 +79,7 @@ def compiled_step(row: str, task: str) -> CompiledStep:
   """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
   config = _config(row, task)
   model_config = run_config.validate(config).model
-  steps = train_lib.Steps(runtime.make_mesh(), model_config, config.train)
+  steps = train_lib.Steps(device_mesh.make_mesh(), model_config, config.train)
   batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
                                           model_config.vocab_size))
   state = steps.init(config.seed)

@@ -36,7 +36,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import model as model_lib
-from relpos import runtime
+from relpos import workdir_files
 
 PyTree = Any
 Restored = TypeVar("Restored")
@@ -54,7 +54,7 @@ def best_metric(metrics: dict[str, float]) -> float:
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), runtime.CHECKPOINT_DIR)
+  return os.path.join(os.path.abspath(workdir), workdir_files.CHECKPOINT_DIR)
 
 
 def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp.CheckpointManager:
@@ -288,11 +288,11 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
 
 def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
   """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/damaged_checkpoints/`
-  (`runtime.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
+  (`workdir_files.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
   again; nothing is deleted."""
   if jax.process_index() == 0:
     for step in steps:
-      target = os.path.join(os.path.dirname(str(manager.directory)), runtime.DAMAGED_DIR,
+      target = os.path.join(os.path.dirname(str(manager.directory)), workdir_files.DAMAGED_DIR,
                             f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.rename(step_dir(manager, step), target)

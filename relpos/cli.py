@@ -15,10 +15,12 @@ import ml_collections
 from ml_collections import config_flags
 
 from relpos import checkpoints
+from relpos import distributed
 from relpos import locks
 from relpos import prng
-from relpos import runtime
+from relpos import source_tree
 from relpos import train
+from relpos import user_modules
 
 Result = TypeVar("Result")
 # What a user's input, the state of a workdir or the machine (a full disk, a folder without
@@ -68,7 +70,7 @@ UNRETRIEVED_READS = UnretrievedReadFilter()
 
 
 def define_multihost_flag() -> flags.FlagHolder:
-  """Defines --multihost (see `relpos.runtime.initialize_distributed`)."""
+  """Defines --multihost (see `relpos.distributed.initialize`)."""
   return flags.DEFINE_string(
       "multihost", "", "Several processes: 'auto' (TPU, SLURM, MPI, Kubernetes) or "
       "'<coordinator host:port>,<num_processes>,<process_id>'.")
@@ -125,7 +127,7 @@ def define_import_flag() -> flags.FlagHolder:
       "import", [], "A module of your own to import first (a module name, or the path of a "
       ".py file), e.g. one that registers a position variant; repeatable.")
   try:
-    runtime.import_modules(_imports_in(sys.argv))
+    user_modules.import_modules(_imports_in(sys.argv))
   except ValueError as e:
     sys.exit(f"error: {e}")
   return holder
@@ -175,8 +177,8 @@ def start(multihost: str = "") -> None:
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
   python_logging.getLogger("asyncio").addFilter(UNRETRIEVED_READS)
   prng.lower_threefry_unrolled_on_cpu()
-  runtime.source_commit()  # the code this process loaded: its runs record it
-  runtime.initialize_distributed(multihost)
+  source_tree.commit()  # the code this process loaded: its runs record it
+  distributed.initialize(multihost)
 
 
 def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:
@@ -195,6 +197,6 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
     return work()
   except USER_ERRORS as e:
     sys.exit(f"error: {checkpoints.short_cause(e, max_chars=None)}")
-  except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.train.Preemption)
+  except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.preemption)
     print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
     sys.exit(130)

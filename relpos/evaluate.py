@@ -34,8 +34,10 @@ from sacrebleu import metrics as sacrebleu_metrics
 
 from relpos import checkpoints
 from relpos import decode
+from relpos import device_mesh
 from relpos import run_config
-from relpos import runtime
+from relpos import json_files
+from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -100,7 +102,7 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   A progress bar (sentences translated, rate and time left) goes to stderr on process 0; it
   leaves no line behind.
   """
-  sharding = NamedSharding(mesh, PartitionSpec(runtime.DATA_AXIS))
+  sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
   translations: list[str] = [""] * len(texts)
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
@@ -112,7 +114,7 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
       longest = -(-int(rows["lengths"].max()) // LENGTH_BUCKET) * LENGTH_BUCKET  # few compiles
       budget = max(budget, min(longest, config.model.max_len))
     local = {k: jax.make_array_from_process_local_data(sharding, v)
-             for k, v in runtime.process_rows(rows).items()}
+             for k, v in device_mesh.process_rows(rows).items()}
     bounds = ({"min_len": local["lengths"], "max_len": local["lengths"]}
               if lengths is not None else {})
     tokens = decode.translate(
@@ -323,7 +325,7 @@ IDENTITY_FIELDS = ("workdir", "checkpoint", "step", "split", "input_file", "refe
 def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
   """Whether `json_path` holds the results of the evaluation `identity` describes."""
   try:
-    saved = runtime.read_json(json_path)
+    saved = json_files.read_json(json_path)
   except (OSError, ValueError):
     return False
   return isinstance(saved, dict) and all(saved.get(k) == v for k, v in identity.items())
@@ -391,10 +393,10 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if input_file is not None:  # Bad files fail before any work.
     sources, references = _file_sentences(input_file, reference_file)
     check_source_lengths(input_file, sources, task.tokenizer)
-  output_dir = output_dir or os.path.join(workdir, runtime.EVAL_DIR)
+  output_dir = output_dir or os.path.join(workdir, workdir_files.EVAL_DIR)
   if jax.process_index() == 0:
     _check_writable(output_dir)
-  mesh = runtime.make_mesh()
+  mesh = device_mesh.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
   identity = {"workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
               "split": split, "input_file": input_file and os.path.abspath(input_file),
@@ -420,5 +422,5 @@ def _write_outputs(stem: str, translations: Sequence[str], results: dict[str, An
   all, from process 0."""
   if jax.process_index() != 0:
     return
-  runtime.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
-  runtime.write_json(stem + ".json", results, indent=2)
+  json_files.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
+  json_files.write_json(stem + ".json", results, indent=2)

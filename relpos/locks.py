@@ -21,7 +21,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from relpos import runtime
+from relpos import workdir_files
 
 
 class WorkdirInUseError(RuntimeError):
@@ -46,7 +46,7 @@ def _try_lock(path: str):
 
 
 @contextlib.contextmanager
-def hold(folder: str, *, lock_file: str = runtime.LOCK_FILE, wait: bool = False,
+def hold(folder: str, *, lock_file: str = workdir_files.LOCK_FILE, wait: bool = False,
          what: str = "workdir",
          busy: str = "wait for that run to end (or stop it) before resuming, or pass another "
                      "--workdir") -> Iterator[None]:
@@ -54,7 +54,7 @@ def hold(folder: str, *, lock_file: str = runtime.LOCK_FILE, wait: bool = False,
 
   Args:
     folder: a run's workdir, or a table's output folder.
-    lock_file: the lock's file name in `folder` (`runtime.LOCK_FILE` for training).
+    lock_file: the lock's file name in `folder` (`workdir_files.LOCK_FILE` for training).
     wait: wait while another process holds it (logging who), instead of raising.
     what: what `folder` is, for the error ("workdir", "output folder").
     busy: what the error tells the user to do when the lock is held.

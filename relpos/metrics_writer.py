@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import tensorboardX
 
-from relpos import runtime
+from relpos import workdir_files
 
 # The fields of a record that are timings (train steps per second, a validation's seconds, the
 # run's seconds so far): every other field is the same in two executions of the same run,
@@ -36,7 +36,7 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
   Raises:
     ValueError: a line that is not a JSON record, naming the file, the line and how to go on.
   """
-  path = os.path.join(workdir, runtime.METRICS_FILE)
+  path = os.path.join(workdir, workdir_files.METRICS_FILE)
   if not os.path.exists(path):
     return []
   records = []
@@ -112,14 +112,14 @@ class MetricsWriter:
       resume_step: the step the run starts from (0 for a fresh run); records past it go.
     """
     self._active = jax.process_index() == 0
-    self._path = os.path.join(workdir, runtime.METRICS_FILE)
+    self._path = os.path.join(workdir, workdir_files.METRICS_FILE)
     if not self._active:
       return
     kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
     with open(self._path, "w", encoding="utf-8") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept)
     self._tensorboard = tensorboardX.SummaryWriter(
-        os.path.join(workdir, runtime.TENSORBOARD_DIR),
+        os.path.join(workdir, workdir_files.TENSORBOARD_DIR),
         purge_step=resume_step + 1 if resume_step else None)
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:

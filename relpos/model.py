@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from absl import logging
 from flax import nnx
 
 from relpos import attention
@@ -119,13 +120,14 @@ class TransformerConfig:
                   vocab_size: int) -> "TransformerConfig":
     """Builds the config from `config.model` (or a dict of its fields) and the vocabulary size.
 
-    The architecture's fields and those of the variant `position` selects are checked; a field
-    of another registered variant (a config holds them all, so that the command line can set
-    them) is left out when it has its default, and refused otherwise. A missing field takes
-    its value for configs written before it existed, with a warning.
+    The architecture's fields and those of the variant `position` selects are checked; the
+    fields of the other registered variants (a config holds them all, so that the command line
+    can set them) are left out, with a warning for one set off its default (a base config's k
+    under another variant). A missing field takes its value for configs written before it
+    existed, with a warning.
 
     Raises:
-      ValueError: an unknown field, an invalid value, or another variant's field set, naming it.
+      ValueError: an unknown field or an invalid value, naming it.
     """
     given = {name: model_cfg[name] for name in model_cfg.keys()}
     position = given.get("position", FIELDS["position"].value_when_absent)
@@ -135,12 +137,11 @@ class TransformerConfig:
                            f"your own: --import=<its module>)")
     own = variants.get(position).fields
     for name, field in variants.all_fields().items():
-      if name in given and name not in own and name not in FIELDS:
+      if name in given and name not in own:
         if given[name] != field.default:
-          raise fields.invalid(f"model.{name}", given[name],
-                               f"left at its default {field.default!r}: it is a field of "
-                               f"position variant {variants.owner(name)!r}, not of "
-                               f"model.position={position!r}")
+          logging.warning("config field model.%s=%r is left out: it is a field of position "
+                          "variant %r, and model.position=%r.", name, given[name],
+                          variants.owner(name), position)
         del given[name]
     values = fields.resolve(
         given, {**FIELDS, **own}, "model",

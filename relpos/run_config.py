@@ -20,7 +20,9 @@ from absl import logging
 
 from relpos import fields
 from relpos import model as model_lib
-from relpos import runtime
+from relpos import json_files
+from relpos import user_modules
+from relpos import workdir_files
 from relpos import variants
 from relpos.fields import BOOLEAN, NEUTRAL, NON_EMPTY_STRING, STRING, TOKENIZER, Field
 from relpos.fields import integer, number, one_of
@@ -244,7 +246,7 @@ def read(path: str) -> RunConfig:
   Raises:
     ValueError: naming the file, when it is not JSON, not a config or not a valid one.
   """
-  data = runtime.read_json(path)
+  data = json_files.read_json(path)
   if not isinstance(data, dict):
     raise ValueError(f"{path} does not hold a config: it holds a {type(data).__name__}.")
   try:
@@ -264,10 +266,10 @@ def load(workdir: str) -> RunConfig:
   """
   if not os.path.isdir(workdir):
     raise FileNotFoundError(f"workdir {workdir} does not exist.")
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
+  path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: {workdir} is not a training workdir.")
-  runtime.import_recorded(workdir)
+  user_modules.import_recorded(workdir)
   return read(path)
 
 
@@ -275,8 +277,8 @@ def write(config: RunConfig, workdir: str) -> None:
   """Writes `workdir/config.json` (process 0), whole or not at all (a temporary file renamed),
   so that evaluation never reads half of it."""
   if jax.process_index() == 0:
-    runtime.write_json(os.path.join(workdir, runtime.CONFIG_FILE), config.to_dict(), indent=2,
-                       sort_keys=True)
+    json_files.write_json(os.path.join(workdir, workdir_files.CONFIG_FILE), config.to_dict(),
+                          indent=2, sort_keys=True)
 
 
 # --- differences ---------------------------------------------------------------------------
@@ -337,7 +339,7 @@ def check_resume(config: RunConfig, workdir: str, *, resuming: bool) -> None:
       checkpoints' parameters changed, naming it, both values, the file and what to do; or
       the file is not a valid config (named).
   """
-  path = os.path.join(workdir, runtime.CONFIG_FILE)
+  path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
     return
   changed = differences(read(path), config)

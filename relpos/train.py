@@ -23,8 +23,6 @@ small activations would flush to zero) and the gradients scaled back down.
 """
 import functools
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,18 +37,20 @@ import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import checkpoints
+from relpos import device_mesh
 from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos import run_config
-from relpos import runtime
+from relpos import source_tree
+from relpos import user_modules
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
+from relpos.preemption import Preemption
 
 TrainState = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -295,7 +295,7 @@ class Steps:
                train_config: ml_collections.ConfigDict):
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.batch_sharding = NamedSharding(mesh, PartitionSpec(runtime.DATA_AXIS))
+    self.batch_sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
     self.graphdef, _, _ = model_lib.abstract_model(model_config)
     optimizer = make_optimizer(train_config)
     self.init = jax.jit(functools.partial(init_train_state, model_config, optimizer),
@@ -340,7 +340,7 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
   """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
   totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
   for batch in batches:
-    sums = jax.device_get(steps.eval(state, steps.global_batch(runtime.process_rows(batch))))
+    sums = jax.device_get(steps.eval(state, steps.global_batch(device_mesh.process_rows(batch))))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   loss = totals["loss_sum"] / totals["tokens"]
   return {"loss": loss, "perplexity": float(np.exp(loss)),
@@ -348,46 +348,6 @@ def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, n
 
 
 # --- the loop ----------------------------------------------------------------------------------
-
-
-class Preemption:
-  """SIGTERM or SIGINT (or, on several processes, JAX's preemption sync point) -> save and stop.
-
-  One process: a handler of both signals (installed from the main thread) records the signal,
-  checked after every step. Several: JAX's preemption service agrees on the step at which all
-  processes save.
-
-  Attributes:
-    signal: the name of the signal received ("SIGTERM", "SIGINT"), or None.
-  """
-
-  SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-  def __init__(self):
-    self.signal: str | None = None
-    self._requested = threading.Event()
-    self._handles_signal = (jax.process_count() == 1
-                            and threading.current_thread() is threading.main_thread())
-    self._previous = {}
-
-  def _request(self, signum: int, _) -> None:
-    self.signal = signal.Signals(signum).name
-    self._requested.set()
-
-  def __enter__(self) -> "Preemption":
-    if self._handles_signal:
-      self._previous = {s: signal.signal(s, self._request) for s in self.SIGNALS}
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    for signum, handler in self._previous.items():
-      signal.signal(signum, handler)
-
-  def reached(self, step: int) -> bool:
-    """Whether to save and stop after `step` (same answer on every process)."""
-    if jax.process_count() > 1:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self._requested.is_set()
 
 
 def check_divisible(config: run_config.RunConfig) -> None:
@@ -557,15 +517,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     try:
       run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
-      steps = get_steps(runtime.make_mesh(), config.model, config.train)
+      steps = get_steps(device_mesh.make_mesh(), config.model, config.train)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       run_config.write(config, workdir)
-      runtime.write_imports(workdir)
-      metrics_writer.record_start(workdir, int(state["step"]), runtime.source_commit())
+      user_modules.write_imports(workdir)
+      metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
     finally:
       manager.close()

@@ -13,6 +13,7 @@ from configs import multi30k_gpu
 from configs import tiny
 from configs import wmt14_base
 from relpos import run_config
+from relpos.experiments import tables
 
 ABLATION_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "ablation.py")
 
@@ -173,19 +174,19 @@ def test_a_row_sets_task_fields_and_overrides_come_after_it():
     concat.task.concat_probability = 0.0
     assert concat.to_dict() == rel_kv.to_dict()  # the task field is all that differs
   config = ablation.get_config("rel_kv_concat")
-  ablation.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
+  tables.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
   assert (config.task.concat_probability, config.train.num_steps) == (0.25, 7)
   with pytest.raises(ValueError, match="no config field 'concat'"):
-    ablation.set_fields(config, {"task.concat": 0.5})
+    tables.set_fields(config, {"task.concat": 0.5})
   with pytest.raises(ValueError, match="holds int values"):
-    ablation.set_fields(config, {"train.num_steps": "many"})
-  for row, base in ablation.LENGTH_BASES:
-    assert {row, base} <= set(ablation.LENGTH_ROWS)
+    tables.set_fields(config, {"train.num_steps": "many"})
+  for row, base in tables.LENGTH_BASES:
+    assert {row, base} <= set(tables.LENGTH_ROWS)
 
 
 def test_k_grid_is_the_papers():
-  assert ablation.K_GRID == (0, 1, 2, 4, 16, 64, 256)
-  for k in ablation.K_GRID:
+  assert tables.K_GRID == (0, 1, 2, 4, 16, 64, 256)
+  for k in tables.K_GRID:
     assert ablation.get_config(f"k={k}").model.max_relative_position == k
 
 

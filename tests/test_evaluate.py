@@ -16,9 +16,10 @@ from configs import tiny
 from relpos import checkpoints
 from relpos import run_config
 from relpos import decode
+from relpos import device_mesh
 from relpos import evaluate
+from relpos import json_files
 from relpos import model as model_lib
-from relpos import runtime
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -202,7 +203,7 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   for beam_size in (1, 2):
     config.decode.beam_size = beam_size
     translations = evaluate.translate_texts(model, tokenizer, texts, config,
-                                            mesh=runtime.make_mesh())
+                                            mesh=device_mesh.make_mesh())
     assert len(translations) == 2 and all(t and "⁇" not in t for t in translations)
   _, inputs = next(evaluate.source_batches(tokenizer, texts, 2))
   unmasked = np.asarray(decode.translate(model, inputs, beam_size=1, max_decode_len=4))
@@ -211,7 +212,7 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
 
 def test_average_of_the_last_checkpoints(run, tmp_path):
   config, workdir, _ = run
-  mesh = runtime.make_mesh()
+  mesh = device_mesh.make_mesh()
   manager = checkpoints.make_manager(workdir, read_only=True)
   last_two = sorted(manager.all_steps())[-2:]
   manager.close()
@@ -278,7 +279,7 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert sorted(os.listdir(out)) == sorted(f"{name}.{ext}" for name in names
                                            for ext in ("txt", "json"))
   for result, count in ((split, config.task.synthetic.num_test), (again, 3), (other, 2)):
-    assert runtime.read_json(result["translations_file"][:-4] + ".json") == result
+    assert json_files.read_json(result["translations_file"][:-4] + ".json") == result
     with open(result["translations_file"], encoding="utf-8") as f:
       assert f.read().count("\n") == count
   assert split["bleu"] >= 0 and "bleu" not in again

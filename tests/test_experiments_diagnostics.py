@@ -116,3 +116,11 @@ def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
   assert result["accuracy"] == pytest.approx(expected)
   assert result["eos_accuracy"] == pytest.approx(np.mean(eos))
   assert result["accuracy_all"] == pytest.approx(correct.sum() / count.sum())
+
+
+def test_length_buckets_cover_every_sentence():
+  sources = ["a b c", "a b c d e f", "a " * 11, "a " * 12]
+  edges = diagnostics.length_edges(sources)
+  assert edges == [3, 6, 9, 12]
+  scores = diagnostics.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
+  assert list(scores) == ["3-5", "6-8", "9-11", "12"]

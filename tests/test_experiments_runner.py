@@ -20,13 +20,14 @@ import pytest
 from relpos import metrics_writer
 from relpos.experiments import report
 from relpos.experiments import runner
+from relpos.experiments import single_run
 
 # A child run killed outright (SIGKILL) after training, its last checkpoint saved, before its
 # evaluation and result.
 KILLED_BEFORE_RESULT = """
 import os, runpy, signal, sys
-from relpos.experiments import runner
-runner.evaluate_run = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
+from relpos.experiments import single_run
+single_run.evaluate_run = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
 sys.argv = ["run_one", *sys.argv[1:]]
 runpy.run_module("relpos.experiments.run_one", run_name="__main__")
 """
@@ -116,7 +117,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert run["config"]["seed"] == 0 and run["config"]["train"]["num_steps"] == 4
     assert [s["step"] for s in run["starts"]] == [0]
     assert run["commits"] == [run["starts"][0]["commit"]] == [run["commit"]]
-    assert run["commit"] == runner.runtime.source_commit()
+    assert run["commit"] == runner.source_tree.commit()
     latest = run["other_checkpoints"]["latest"]
     assert set(latest) == {"validation", "test", "test_long"}
     assert latest["test"]["step"] == 4 and latest["test"]["num_sentences"] == 8
@@ -125,7 +126,8 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
     assert isinstance(stats["longest_distance"], int) and stats["longest_distance"] >= 2
-    validations = [r for r in metrics_writer.read_metrics(run["workdir"])
+    assert run["workdir"] == os.path.join("runs", f"synthetic-ablation-{run['row']}-seed0")
+    validations = [r for r in metrics_writer.read_metrics(os.path.join(output_dir, run["workdir"]))
                    if r["split"] == "validation"]
     assert run["validation_curve"] == [[r["step"], r["bleu"]] for r in validations]
     assert [step for step, _ in run["validation_curve"]] == [4]
@@ -170,7 +172,7 @@ def test_rerun_skips_finished_rows(finished_table, monkeypatch):
   def fail(*args, **kwargs):
     raise AssertionError("a finished run was trained again")
 
-  monkeypatch.setattr(runner.train, "train_and_evaluate", fail)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", fail)
   runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                    rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
   assert os.path.getmtime(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0",
@@ -185,36 +187,6 @@ def test_unknown_row_and_override_fail_before_any_work(tmp_path):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      rows=["abs"], overrides={"train.num_stepz": 3})
   assert not os.listdir(tmp_path)
-
-
-def test_the_length_table_rows_and_their_task_fields():
-  assert runner.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
-                                     "randomized", "rel_kv_concat")
-  assert runner.row_in_table("rel_k", "length") and not runner.row_in_table("k=4", "length")
-  config = runner.run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
-  assert (config.seed, config.train.num_steps) == (2, 3)
-  assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
-  override = runner.run_config("rel_kv_concat", 0, "synthetic",
-                               {"task.concat_probability": 0.0})  # the command line wins
-  assert override.task.concat_probability == 0.0
-
-
-def test_length_buckets_cover_every_sentence():
-  sources = ["a b c", "a b c d e f", "a " * 11, "a " * 12]
-  edges = runner.length_edges(sources)
-  assert edges == [3, 6, 9, 12]
-  scores = runner.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
-  assert list(scores) == ["3-5", "6-8", "9-11", "12"]
-
-
-def test_parse_override():
-  assert runner.parse_override("train.num_steps=100") == ("train.num_steps", 100)
-  assert runner.parse_override("task.name=multi30k") == ("task.name", "multi30k")
-  assert runner.parse_override("model.relative_key=False") == ("model.relative_key", False)
-  with pytest.raises(ValueError, match="dotted.field=value"):
-    runner.parse_override("train.num_steps")
-  for field, value in (("a.b", 0.1), ("a.b", "x y"), ("a.b", (1, 2)), ("a.b", "3")):
-    assert runner.parse_override(runner.format_override(field, value)) == (field, value)
 
 
 def _results(output_dir: str) -> list[dict]:
@@ -349,7 +321,7 @@ def _copy_table(finished_table, tmp_path) -> tuple[str, dict[str, object]]:
 def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work(
     finished_table, tmp_path, monkeypatch):
   output_dir, overrides = _copy_table(finished_table, tmp_path)
-  monkeypatch.setattr(runner.train, "train_and_evaluate", _must_not_train)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
   result = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")
   with pytest.raises(ValueError, match=re.escape(
       f"{result} was made with train.num_steps=4, not the 5 asked: pass --retrain_changed")):
@@ -398,9 +370,9 @@ def test_a_run_finished_while_waiting_for_its_lock_is_not_evaluated_again(
   output_dir, overrides = _copy_table(finished_table, tmp_path)
   workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
   saved = open(os.path.join(workdir, "result.json")).read()
-  monkeypatch.setattr(runner.train, "train_and_evaluate", _must_not_train)
-  monkeypatch.setattr(runner, "evaluate_run", _must_not_train)
-  result = runner.run_one("ablation", "abs", 0, "synthetic", workdir, overrides)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  monkeypatch.setattr(single_run, "evaluate_run", _must_not_train)
+  result = single_run.run_one("ablation", "abs", 0, "synthetic", workdir, overrides)
   assert result == json.loads(saved)
   assert open(os.path.join(workdir, "result.json")).read() == saved
 
@@ -416,7 +388,7 @@ def test_sigterm_during_the_final_evaluation_stops_the_table_with_its_training_s
     time.sleep(30)  # the handler raises first
     raise AssertionError("SIGTERM did not stop the evaluation")
 
-  monkeypatch.setattr(runner, "evaluate_run", stopped_midway)
+  monkeypatch.setattr(single_run, "evaluate_run", stopped_midway)
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                              rows=["abs"], overrides=overrides)
   assert outputs["preempted"] and not os.path.exists(os.path.join(workdir, "result.json"))
@@ -430,10 +402,10 @@ def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
   workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
   first_start_s = metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir))
   os.remove(os.path.join(workdir, "result.json"))
-  result = runner.run_one("ablation", "abs", 0, "synthetic", workdir,
+  result = single_run.run_one("ablation", "abs", 0, "synthetic", workdir,
                           {**overrides, "train.num_steps": 6})
   assert [s["step"] for s in result["starts"]] == [0, 4]
-  assert result["commits"] == [runner.runtime.source_commit()]
+  assert result["commits"] == [runner.source_tree.commit()]
   last_train = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"][-1]
   assert last_train["step"] == 6 and last_train["elapsed_s"] > first_start_s > 0
   validation_s = sum(r["time_s"] for r in metrics_writer.read_metrics(workdir)
@@ -453,18 +425,3 @@ def test_order_seeds_runs_every_row_of_a_seed_first(tmp_path):
   with pytest.raises(ValueError, match="order='random': allowed: rows, seeds"):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      order="random")
-
-
-@pytest.mark.parametrize("content,reason", [
-    ("[]", "no 'table'"), ("{}", "no 'table'"),
-    ('{"table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "config": {}, '
-     '"workdir": "w"}', "no 'scores'")])
-def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(tmp_path, content,
-                                                                        reason, caplog):
-  path = tmp_path / "runs" / "synthetic-ablation-abs-seed0" / "result.json"
-  path.parent.mkdir(parents=True)
-  path.write_text(content)
-  assert runner.collect(str(tmp_path)) == []
-  assert f"{path} is not a run's result ({reason}): delete it" in caplog.text
-  with pytest.raises(ValueError, match=re.escape(f"{path} is not a run's result ({reason})")):
-    runner.read_result(str(path))

@@ -212,7 +212,6 @@ def test_dropout_only_in_training():
     ({"num_heads": 3}, r"model\.num_heads=3.*divisor of model\.qkv_dim=16"),
     ({"position": "relative", "relative_key": False, "relative_value": False},
      r"model\.relative_key=False.*relative_value"),
-    ({"position": "t5", "add_absolute": True}, r"model\.add_absolute=True.*'relative'"),
     ({"dropout_rate": 1.0}, r"model\.dropout_rate=1\.0.*\[0\.0, 1\.0\)"),
     ({"emb_dim": 0}, r"model\.emb_dim=0.*integer >= 1"),
     ({"num_encoder_layers": 1.5}, r"model\.num_encoder_layers=1\.5.*integer >= 1"),
@@ -234,6 +233,13 @@ def test_dropout_only_in_training():
 def test_invalid_config_raises(overrides, message):
   with pytest.raises(ValueError, match=message):
     make_config(**overrides)
+
+
+def test_another_variants_field_is_left_out_with_a_warning_off_its_default(caplog):
+  config = make_config(position="t5", add_absolute=True)
+  assert "add_absolute" not in config.to_dict() and "t5_num_buckets" in config.to_dict()
+  assert ("config field model.add_absolute=True is left out: it is a field of position variant "
+          "'relative', and model.position='t5'") in caplog.text
 
 
 def test_from_config_rejects_unknown_fields_and_fills_missing_ones():

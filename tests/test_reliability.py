@@ -17,13 +17,14 @@ import pytest
 
 from configs import tiny
 from relpos import checkpoints
+from relpos import device_mesh
 from relpos import run_config
 from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
-from relpos import runtime
 from relpos import train
+from relpos import workdir_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
@@ -135,7 +136,7 @@ def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_
       time.sleep(0.005)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL, "the run finished before it could be killed"
-    with open(os.path.join(workdir, runtime.LOCK_FILE), encoding="utf-8") as f:
+    with open(os.path.join(workdir, workdir_files.LOCK_FILE), encoding="utf-8") as f:
       assert f.read().startswith(f"process {process.pid} on host ")  # a stale lock: no obstacle
   done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -211,7 +212,7 @@ def strict_records(workdir: str) -> list[dict]:
   """metrics.jsonl read as strict JSON (NaN or Infinity in it fail the test)."""
   def reject(constant):
     raise AssertionError(f"metrics.jsonl holds {constant}")
-  with open(os.path.join(workdir, runtime.METRICS_FILE), encoding="utf-8") as f:
+  with open(os.path.join(workdir, workdir_files.METRICS_FILE), encoding="utf-8") as f:
     return [json.loads(line, parse_constant=reject) for line in f]
 
 
@@ -349,7 +350,7 @@ def test_second_run_on_a_workdir_stops_naming_the_first(data_dir, tmp_path):
   assert done.stderr.strip().splitlines()[-1].startswith(
       f"error: workdir {workdir} is in use by process {os.getpid()} on host ")
   assert "Traceback" not in done.stderr
-  assert sorted(os.listdir(workdir)) == [runtime.LOCK_FILE]  # the second run wrote nothing
+  assert sorted(os.listdir(workdir)) == [workdir_files.LOCK_FILE]  # the second run wrote nothing
 
 
 def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference, data_dir,
@@ -360,12 +361,12 @@ def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference
   config = make_config(data_dir, KILL_RUN)
   with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {workdir}/checkpoints"):
     evaluate.restore_model(workdir, run_config.validate(config), "latest",
-                           runtime.make_mesh())
+                           device_mesh.make_mesh())
   shutil.rmtree(workdir)
   shutil.copytree(reference, workdir)
   manager = checkpoints.make_manager(workdir, read_only=True)
   model_config = run_config.validate(config).model
-  sharding = jax.sharding.NamedSharding(runtime.make_mesh(), jax.sharding.PartitionSpec())
+  sharding = jax.sharding.NamedSharding(device_mesh.make_mesh(), jax.sharding.PartitionSpec())
 
   def restore_while_training(step):  # the run removes the newest one as it is about to be read
     if step == 30:
@@ -415,7 +416,7 @@ def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, referen
   train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)  # trains 29 and 30 again
   assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
   assert "Resuming from step 28" in caplog.text
-  set_aside = os.listdir(os.path.join(workdir, runtime.DAMAGED_DIR))
+  set_aside = os.listdir(os.path.join(workdir, workdir_files.DAMAGED_DIR))
   assert len(set_aside) == 1 and set_aside[0].startswith("30.")
   assert_same_run(workdir, reference)
 
@@ -428,12 +429,12 @@ def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir,
   newest, problem = damaged_copy(reference, workdir, kind)
   config = make_config(data_dir, KILL_RUN)
   validated = run_config.validate(config)
-  _, step = evaluate.restore_model(workdir, validated, "latest", runtime.make_mesh())
+  _, step = evaluate.restore_model(workdir, validated, "latest", device_mesh.make_mesh())
   assert step == 28
   assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
   assert "Evaluating step 28: the newer checkpoints [30] are damaged" in caplog.text
   with pytest.raises(checkpoints.DamagedCheckpointError, match=f"{newest} is damaged: {problem}"):
-    evaluate.restore_model(workdir, validated, 30, runtime.make_mesh())
+    evaluate.restore_model(workdir, validated, 30, device_mesh.make_mesh())
   assert os.path.isdir(newest)  # evaluation moves nothing
 
 
@@ -470,12 +471,12 @@ import json, shutil, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_reliability as t
-from relpos import evaluate, run_config, runtime, train
+from relpos import device_mesh, evaluate, run_config, train
 from relpos import model as model_lib
 data_dir, reference, resumed, fresh = sys.argv[2:]
 config = t.make_config(data_dir, t.KILL_RUN)
 model, step = evaluate.restore_model(reference, run_config.validate(config), "latest",
-                                     runtime.make_mesh())
+                                     device_mesh.make_mesh())
 params = jax.tree.map(lambda x: np.asarray(x).tolist(), model_lib.split_model(model)[1])
 train.train_and_evaluate(config, resumed)
 config.train.num_steps = 8
@@ -507,7 +508,7 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
   # Trained on 1 device, scored and resumed on 4.
   config = make_config(data_dir, KILL_RUN)
   model, step = evaluate.restore_model(fresh, run_config.validate(config), "latest",
-                                       runtime.make_mesh())
+                                       device_mesh.make_mesh())
   assert step == 8
   for param in jax.tree.leaves(model_lib.split_model(model)[1]):
     assert len(param.sharding.device_set) == 4
@@ -528,9 +529,9 @@ IN_TWO_PROCESSES = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from tests import test_reliability as t
-from relpos import evaluate, run_config, runtime, train
+from relpos import distributed, evaluate, train
 data_dir, workdir, translating, output_dir, multihost = sys.argv[2:]
-runtime.initialize_distributed(multihost)
+distributed.initialize(multihost)
 config = t.make_config(data_dir, {**t.TWO_PROCESS_RUN, "train.num_steps": 2})
 train.train_and_evaluate(config, workdir)
 train.train_and_evaluate(t.make_config(data_dir, t.TWO_PROCESS_RUN), workdir)
@@ -556,7 +557,7 @@ def _in_two_processes(data_dir: str, workdir: str, translating: str, output_dir:
     outputs = [process.communicate(timeout=240) for process in processes]
     failed = [stderr for process, (_, stderr) in zip(processes, outputs) if process.returncode]
     if not failed:
-      # Gloo's connection lines are filtered at the source (relpos.runtime.LineFilter).
+      # Gloo's connection lines are filtered at the source (relpos.line_filter.LineFilter).
       assert not any("[Gloo] Rank" in stdout + stderr for stdout, stderr in outputs)
       return [stdout for stdout, _ in outputs]
     if attempt == 2 or not any("Gloo" in stderr or "timed out" in stderr for stderr in failed):

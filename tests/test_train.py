@@ -12,10 +12,10 @@ from jax.sharding import Mesh
 
 from configs import tiny
 from relpos import checkpoints
+from relpos import device_mesh
 from relpos import run_config
 from relpos import evaluate
 from relpos import metrics_writer
-from relpos import runtime
 from relpos import train
 
 NUM_STEPS = 12
@@ -292,7 +292,7 @@ def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypat
   # The last 2 and the best (the lowest loss, at step 4), which evaluation's "best" restores.
   assert (manager.latest_step(), manager.best_step(), manager.all_steps()) == (8, 4, [4, 6, 8])
   validated = run_config.validate(config)
-  assert evaluate.restore_model(str(tmp_path), validated, "best", runtime.make_mesh())[1] == 4
+  assert evaluate.restore_model(str(tmp_path), validated, "best", device_mesh.make_mesh())[1] == 4
 
 
 def test_config_written_before_the_new_train_fields_still_validates():

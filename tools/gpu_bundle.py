@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from absl import app
 from absl import flags
 
-from configs import ablation
 from relpos.data import pipeline
+from relpos.experiments import tables
 from tools import gpu_job
 
 # Packages of requirements.txt, and what they need, that the host's image does not have.
@@ -65,7 +65,7 @@ def download_wheels(directory: str) -> None:
 def prepare_data(directory: str, multi30k_dir: str) -> None:
   """Prepares the datasets and tokenizers of the table jobs' tasks in `directory`."""
   for task in gpu_job.TASKS:
-    config = ablation.BASES[task]()
+    config = tables.task_config(task)
     config.task.tfds_data_dir = directory
     if config.task.name == "multi30k":
       config.task.manual_dir = multi30k_dir

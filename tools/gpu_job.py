@@ -107,7 +107,7 @@ print(json.dumps({"python": platform.python_version(),
                   "devices": [str(d) for d in jax.devices()],
                   "packages": {n: version(n) for n in sys.argv[1:]}}))
 """
-_REBUILD = "import sys; from relpos.experiments import runner; runner.write_outputs(sys.argv[1])"
+_REBUILD = "import sys; from relpos.experiments import results; results.write_outputs(sys.argv[1])"
 
 
 @dataclasses.dataclass(frozen=True)

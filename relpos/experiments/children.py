@@ -15,10 +15,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from relpos import preemption
 
 # The share of the accelerator's memory the children split evenly.
 MEMORY_FRACTION = 0.9
@@ -73,29 +74,7 @@ def failure(returncode: int) -> str:
   return f"exit status {returncode}"
 
 
-class StopSignals:
-  """Counts SIGINT and SIGTERM, instead of their default actions, while active (in the main
-  thread; elsewhere they keep their handlers)."""
-
-  def __init__(self):
-    self.count = 0
-    self._previous = {}
-
-  def _receive(self, *_) -> None:
-    self.count += 1
-
-  def __enter__(self) -> "StopSignals":
-    if threading.current_thread() is threading.main_thread():
-      self._previous = {number: signal.signal(number, self._receive)
-                        for number in (signal.SIGINT, signal.SIGTERM)}
-    return self
-
-  def __exit__(self, *exc_info) -> None:
-    for number, handler in self._previous.items():
-      signal.signal(number, handler)
-
-
-def _stop(running: dict[subprocess.Popen, Any], signals: StopSignals) -> None:
+def _stop(running: dict[subprocess.Popen, Any], signals: preemption.Preemption) -> None:
   """SIGTERM to every running child (each saves a checkpoint and exits), then waits for them;
   one more SIGINT or SIGTERM meanwhile kills them."""
   if not running:
@@ -127,7 +106,7 @@ def run_all(runs: Sequence[Any], *, command: Callable[[Any], list[str]], env: di
     Whether SIGINT or SIGTERM stopped them (the running ones saved and the rest not started).
   """
   waiting, running, done = list(runs), {}, 0
-  with StopSignals() as signals:
+  with preemption.Preemption() as signals:
     try:
       while (waiting or running) and not signals.count:
         while waiting and len(running) < parallel:

@@ -1,6 +1,6 @@
 """Why translations of longer sentences fail: length diagnostics of a restored model (#27).
 
-Computed by `relpos.experiments.runner.evaluate_run` on every held-out split of a run's task
+Computed by `relpos.experiments.single_run.evaluate_run` on every held-out split of a run's task
 and stored in its result.json (results schema 5):
 
 - `length_statistics`: the hypothesis/reference length ratio, in target tokens (pieces of the

@@ -6,7 +6,7 @@ sweep) and Table 3 (a^K / a^V ablation), both on newstest2013 with the base
 model, relative positions only.
 """
 
-# Row name (as in configs/ablation.py) -> (paper BLEU, where it comes from).
+# Row name (as in relpos.experiments.tables) -> (paper BLEU, where it comes from).
 ABLATION_FIGURES: dict[str, tuple[float, str]] = {
     "abs": (26.5, "Table 1, base, EN-DE"),
     "rel_kv": (25.8, "Table 3 (Table 1 with absolute: 26.8)"),

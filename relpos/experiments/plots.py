@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
-from configs import ablation
 from relpos.experiments import paper
 from relpos.experiments import report
+from relpos.experiments import tables
 
 
 def describe(runs: list[dict]) -> str:
@@ -62,7 +62,7 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:",
           marker="x", label="paper (WMT14 dev)")
   ax.set_xscale("symlog", linthresh=1)
-  grid = sorted(set(ablation.K_GRID) | set(ks))
+  grid = sorted(set(tables.K_GRID) | set(ks))
   ax.set_xticks(grid)
   ax.set_xticklabels([str(k) for k in grid])
   ax.xaxis.set_minor_locator(ticker.NullLocator())

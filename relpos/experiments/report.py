@@ -13,7 +13,7 @@ with one run per (table, row, seed), each also holding the "environment" (versio
     {"table": "ablation" | "k_sweep", "row": "rel_kv" | "k=4", "seed": 0,
      "k": 4 | None, "task": "synthetic", "commit": "...", "wall_time_s": ...,
      "time_s": {"training": ..., "validation": ..., "evaluation": ...} (schema 3: where
-     wall_time_s went, see `relpos.experiments.runner.run_one`),
+     wall_time_s went, see `relpos.experiments.single_run.run_one`),
      "steps_per_second": ..., "num_params": ...,
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
      "starts": [{"started_at", "step", "commit", "host"}, ...], "commits": [...] (schema 4:
@@ -46,8 +46,8 @@ from typing import NamedTuple
 
 from scipy import stats
 
-from configs import ablation
 from relpos.experiments import paper
+from relpos.experiments import tables
 
 # A predicted gap must be at least this many BLEU; a predicted match may miss by this much.
 MARGIN_BLEU = 1.0
@@ -554,7 +554,7 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
 
   (i) each relative row beats abs on the long split (Rosendahl et al. 2019); (ii) per row,
   oracle length lifts the long split (with the share of the drop it recovers); (iii) each
-  intervention of `ablation.LENGTH_BASES` lifts the long split over its base row, with its
+  intervention of `tables.LENGTH_BASES` lifts the long split over its base row, with its
   cost on the test split.
 
   Returns:
@@ -587,7 +587,7 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
     check(f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True,
           evidence=lambda: (f"recovers {_percent(share)} of the drop; oracle "
                             f"{_format(oracle)} vs {_format(plain)}"))
-  for row, base_row in ablation.LENGTH_BASES:
+  for row, base_row in tables.LENGTH_BASES:
     a, b = bleu(row, long), bleu(base_row, long)
     cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)
     check(f"(iii) {row} lifts {long} over {base_row}", a, b, gap=True,

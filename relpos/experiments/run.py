@@ -38,22 +38,21 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from configs import ablation
-from configs import default
 from relpos import cli
 from relpos.experiments import children
 from relpos.experiments import runner
+from relpos.experiments import tables
 
 _IMPORT = cli.define_import_flag()  # first: its variants become rows and config fields
-_TABLE = flags.DEFINE_enum("table", "ablation", list(runner.TABLES), "Which table to run.")
-_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "Which task.")
+_TABLE = flags.DEFINE_enum("table", "ablation", list(tables.TABLES), "Which table to run.")
+_TASK = flags.DEFINE_enum("task", tables.DEFAULT_TASK, list(tables.TASKS), "Which task.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Number of seeds per row (seeds 0..N-1).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory (required to run).")
 _ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all); the k sweep "
                           "takes any k=<int>.")
 _CONFIG = cli.define_overrides_flag(
-    default.get_config(), "Overrides for every run: --config.<field>=<value>, as train.py "
-    "takes them.")
+    tables.task_config(tables.DEFAULT_TASK), "Overrides for every run: --config.<field>=<value>, "
+    "as train.py takes them.")
 _SET = flags.DEFINE_multi_string(
     "set", [], "Alias of --config.<field>=<value>: `--set=dotted.field=value` (Python literal).")
 _ORDER = flags.DEFINE_enum(
@@ -75,16 +74,16 @@ _PARALLEL = flags.DEFINE_integer(
 def listing() -> str:
   """The tables with their rows, and the tasks, one per line."""
   extra = {"k_sweep": " (or any k=<int>)",
-           "ablation": "".join(f", {row}" for row in ablation.variant_rows())}
+           "ablation": "".join(f", {row}" for row in tables.variant_rows())}
   lines = [f"table {table}: {', '.join(rows)}{extra.get(table, '')}"
-           for table, rows in runner.TABLES.items()]
-  return "\n".join(lines + [f"tasks: {', '.join(runner.TASKS)}"])
+           for table, rows in tables.TABLES.items()]
+  return "\n".join(lines + [f"tasks: {', '.join(tables.TASKS)}"])
 
 
 def overrides() -> dict[str, object]:
   """The --config.<field> overrides of the command line, then the --set ones."""
   given = dict(config_flags.get_override_values(flags.FLAGS["config"]))
-  return {**given, **dict(runner.parse_override(s) for s in _SET.value)}
+  return {**given, **dict(tables.parse_override(s) for s in _SET.value)}
 
 
 def main(argv: Sequence[str]) -> None:

@@ -15,22 +15,23 @@ from absl import app
 from absl import flags
 
 from relpos import cli
-from relpos.experiments import runner
+from relpos.experiments import single_run
+from relpos.experiments import tables
 
 _IMPORT = cli.define_import_flag()  # the parent's --import, for its variants
-_TABLE = flags.DEFINE_enum("table", None, list(runner.TABLES), "The run's table.", required=True)
+_TABLE = flags.DEFINE_enum("table", None, list(tables.TABLES), "The run's table.", required=True)
 _ROW = flags.DEFINE_string("row", None, "The run's row of the table.", required=True)
 _SEED = flags.DEFINE_integer("seed", 0, "The run's seed.")
-_TASK = flags.DEFINE_enum("task", "synthetic", list(runner.TASKS), "The run's task.")
+_TASK = flags.DEFINE_enum("task", tables.DEFAULT_TASK, list(tables.TASKS), "The run's task.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
 _SET = flags.DEFINE_multi_string(
     "set", [], "Config override, `dotted.field=value` (Python literal).")
 
 
 def main(argv: Sequence[str]) -> None:
-  cli.run(argv, lambda: runner.run_one(
+  cli.run(argv, lambda: single_run.run_one(
       _TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
-      dict(runner.parse_override(s) for s in _SET.value)))
+      dict(tables.parse_override(s) for s in _SET.value)))
 
 
 if __name__ == "__main__":

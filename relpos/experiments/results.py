@@ -1,0 +1,108 @@
+"""A table's results: each run's result.json (written last: the run is finished), and
+results.json (every finished run), from which table.md and the plots are made.
+
+A result records its run's workdir relative to the table's folder (`runs/<name>`); results
+written before that record it as an absolute path. `workdir_of` reads either.
+"""
+import datetime
+import os
+from typing import Any
+
+import flax
+import jax
+from absl import logging
+
+from relpos import json_files
+from relpos.experiments import analysis
+from relpos.experiments import plots
+from relpos.experiments import report
+from relpos.experiments import tables
+
+RESULT_FILE = "result.json"
+RESULTS_FILE = "results.json"
+# The folder of a table's runs, in its output folder.
+RUNS_DIR = "runs"
+# A run trained again with --retrain_changed is first renamed <workdir><REPLACED_MARK><time>.
+REPLACED_MARK = ".replaced-"
+
+def environment() -> dict[str, Any]:
+  """The software and devices results are made with: jax and flax versions, device kind
+  (e.g. "cpu", "NVIDIA H200") and count."""
+  devices = jax.devices()
+  return {"jax_version": jax.__version__, "flax_version": flax.__version__,
+          "device_kind": devices[0].device_kind, "device_count": len(devices)}
+
+
+def now() -> str:
+  """The current UTC time, ISO 8601 to the second."""
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+
+
+def relative_workdir(workdir: str) -> str:
+  """How a result records `workdir` (`<output_dir>/runs/<name>`): relative to the table's
+  folder, `runs/<name>`, so that a table's files mean the same on every machine."""
+  workdir = os.path.abspath(workdir)
+  return os.path.relpath(workdir, os.path.dirname(os.path.dirname(workdir)))
+
+
+def workdir_of(result: dict[str, Any], output_dir: str) -> str:
+  """The workdir of a result of the table in `output_dir`: its relative `workdir` under
+  `output_dir`, or the absolute path that older results hold."""
+  return os.path.join(output_dir, result["workdir"])  # an absolute path stays as it is
+
+
+# The fields of a run's result that the tables read: a result.json without them is refused.
+RESULT_FIELDS = ("table", "row", "seed", "task", "scores", "config", "workdir")
+
+
+def read_result(path: str) -> dict[str, Any]:
+  """A run's result.json.
+
+  Raises:
+    ValueError: naming the file when it is not JSON or not a run's result (an object with
+      RESULT_FIELDS), and how to evaluate the run again.
+  """
+  try:
+    result = json_files.read_json(path)
+  except ValueError as e:
+    raise ValueError(f"{str(e).rstrip('.')}: delete it to evaluate that run again.") from None
+  missing = ([f for f in RESULT_FIELDS if f not in result] if isinstance(result, dict)
+             else list(RESULT_FIELDS))
+  if missing or not isinstance(result["scores"], dict):
+    raise ValueError(f"{path} is not a run's result (no {(missing or ['scores'])[0]!r}): "
+                     "delete it to evaluate that run again.")
+  return result
+
+
+def collect(output_dir: str) -> list[dict[str, Any]]:
+  """Every finished run under `output_dir/runs` (not those moved aside), in table and row
+  order; a result.json that cannot be read is left out with a warning naming it (the table
+  goes on)."""
+  runs_dir = os.path.join(output_dir, RUNS_DIR)
+  runs = []
+  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+  for name in [n for n in names if REPLACED_MARK not in n]:
+    path = os.path.join(runs_dir, name, RESULT_FILE)
+    if os.path.exists(path):
+      try:
+        runs.append(read_result(path))
+      except ValueError as e:
+        logging.warning("Left out of the table: %s", e)
+  order = {}
+  for key in ((t, r) for t in tables.TABLES for r in (*tables.TABLES[t], *tables.ROWS)):
+    order.setdefault(key, len(order))
+  return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
+
+
+def write_outputs(output_dir: str) -> dict[str, Any]:
+  """results.json from the finished runs, then table.md and the plots from it."""
+  results_path = os.path.join(output_dir, RESULTS_FILE)
+  json_files.write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
+                                       "written_at": now(), **environment(),
+                                       "runs": collect(output_dir)}, indent=1)
+  table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
+  made = plots.plot_results(results_path, output_dir)
+  made += analysis.plot_learned_positions(results_path, output_dir)
+  return {"results": results_path, "table": table, "plots": made}

@@ -1,0 +1,203 @@
+"""What the tables run: their rows (Shaw et al. 2018, Tables 1 and 3, later position methods,
+the length-extrapolation interventions and the k sweep), the tasks they run on (a config file
+of configs/ each, loaded by path) and the config of one (row, seed) with `--set` overrides.
+
+A row sets all the position fields it depends on, so it means the same thing whatever the base
+config. A row may also set fields outside `config.model` (`ROW_FIELDS`, dotted names):
+`rel_kv_concat` is rel_kv trained on sentence concatenation (`task.concat_probability`).
+"""
+import ast
+import importlib.util
+import os
+from typing import Any
+
+import ml_collections
+
+from relpos import source_tree
+from relpos import variants
+
+# Clipping distances of the paper's Table 2 (relative positions only, no absolute).
+K_GRID = (0, 1, 2, 4, 16, 64, 256)
+
+_RELATIVE_ONLY = {"position": "relative", "add_absolute": False}
+
+# Row name -> `config.model` overrides.
+ROWS: dict[str, dict[str, object]] = {
+    "abs": {"position": "absolute", "absolute_type": "sinusoidal", "add_absolute": False},
+    "rel_kv": {**_RELATIVE_ONLY, "relative_key": True, "relative_value": True},
+    "rel_k": {**_RELATIVE_ONLY, "relative_key": True, "relative_value": False},
+    "rel_v": {**_RELATIVE_ONLY, "relative_key": False, "relative_value": True},
+    "none": {"position": "none", "add_absolute": False},
+    "t5": {"position": "t5", "add_absolute": False},
+    "abs_rel_kv": {"position": "relative", "add_absolute": True, "absolute_type": "sinusoidal",
+                   "relative_key": True, "relative_value": True},
+    "rope": {"position": "rope", "add_absolute": False},
+    "alibi": {"position": "alibi", "add_absolute": False},
+    # Length extrapolation (issue #27): FIRE, SHAPE and randomized positions at their defaults.
+    "fire": {"position": "fire", "add_absolute": False, "fire_hidden": 32, "fire_init_c": 0.1,
+             "fire_init_threshold": 16.0},
+    "shape": {"position": "shape", "add_absolute": False, "absolute_type": "sinusoidal",
+              "shape_max_shift": 500},
+    "randomized": {"position": "randomized", "add_absolute": False,
+                   "absolute_type": "sinusoidal", "randomized_max_position": 2048,
+                   "randomized_eval_stride": 1},
+}
+ROWS["rel_kv_concat"] = dict(ROWS["rel_kv"])
+
+# Row name -> dotted config fields it sets besides `config.model` (applied after ROWS).
+ROW_FIELDS: dict[str, dict[str, object]] = {
+    # Half of the training examples joined with a random other one (Kondo et al. 2021).
+    "rel_kv_concat": {"task.concat_probability": 0.5},
+}
+
+# The rows of the ablation table when none are named: Shaw et al.'s and the later position
+# methods. Every row of ROWS can be named (--rows), e.g. the length-extrapolation ones.
+ABLATION_ROWS = ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi")
+# The rows of the length table (issue #27): the main variants, then the interventions for
+# length extrapolation, each beside the row it changes (`LENGTH_BASES`).
+LENGTH_ROWS = ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape", "randomized",
+               "rel_kv_concat")
+# (intervention row, the row it is judged against) in the length table: SHAPE and randomized
+# positions change absolute sinusoids; concatenation changes rel_kv's data; FIRE replaces T5's
+# bucketed bias with a learned function of the distance, and is also set against rel_kv, the
+# strongest relative row.
+LENGTH_BASES = (("fire", "t5"), ("fire", "rel_kv"), ("shape", "abs"), ("randomized", "abs"),
+                ("rel_kv_concat", "rel_kv"))
+
+# Table name -> its rows when none are named.
+TABLES: dict[str, tuple[str, ...]] = {
+    "ablation": ABLATION_ROWS,
+    "k_sweep": tuple(f"k={k}" for k in K_GRID),
+    "length": LENGTH_ROWS,
+}
+
+# Task name -> its base config (model size, data, training budget): a file of configs/.
+TASK_CONFIGS = {
+    "synthetic": "default.py",
+    "multi30k": "multi30k.py",
+    "multi30k_gpu": "multi30k_gpu.py",
+    "tiny": "tiny.py",  # the synthetic task at smoke-test size
+    "wmt14": "wmt14_base.py",
+}
+TASKS = tuple(TASK_CONFIGS)
+DEFAULT_TASK = "synthetic"
+
+_K_PREFIX = "k="
+
+
+def task_config(task: str) -> ml_collections.ConfigDict:
+  """The base config of `task`: `get_config()` of its file of configs/ (TASK_CONFIGS), loaded
+  by path as `--config=configs/<file>` is.
+
+  Raises:
+    ValueError: for an unknown task, naming the allowed ones.
+  """
+  if task not in TASK_CONFIGS:
+    raise ValueError(f"unknown task {task!r}; allowed: {', '.join(TASKS)}.")
+  path = os.path.join(source_tree.ROOT, "configs", TASK_CONFIGS[task])
+  spec = importlib.util.spec_from_file_location(f"relpos_task_config_{task}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def variant_rows() -> tuple[str, ...]:
+  """Registered position variants without a row of `ROWS` named after them (a user's own,
+  imported with --import): each is a row of its own name, with its fields at their defaults."""
+  taken = set(ROWS) | {row["position"] for row in ROWS.values()}
+  return tuple(name for name in variants.names() if name not in taken)
+
+
+def row_overrides(row: str) -> dict[str, object]:
+  """`config.model` overrides of a row: a name of `ROWS`, `k=<int>` (rel_kv with that k), or a
+  name of `variant_rows()`.
+
+  Raises:
+    ValueError: for an unknown row name or a malformed k.
+  """
+  if row in ROWS:
+    return dict(ROWS[row])
+  if row in variant_rows():
+    return {"position": row, "add_absolute": False}
+  if row.startswith(_K_PREFIX):
+    k = row[len(_K_PREFIX):]
+    if not k.isdigit():
+      raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
+    return {**ROWS["rel_kv"], "max_relative_position": int(k)}
+  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *variant_rows()))} "
+                   f"or k=<int> (the paper's grid: {', '.join(map(str, K_GRID))}); a variant of "
+                   f"your own: --import=<its module>.")
+
+
+def row_in_table(row: str, table: str) -> bool:
+  """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
+  ablation and length tables any row of `ROWS` and any other registered position variant (a
+  row of its own name)."""
+  if table == "k_sweep" and row.startswith(_K_PREFIX):
+    row_overrides(row)  # a malformed k raises, naming the row
+    return True
+  return row in TABLES[table] or (
+      table in ("ablation", "length") and (row in ROWS or row in variant_rows()))
+
+
+def set_fields(config: ml_collections.ConfigDict, dotted: dict[str, Any]) -> None:
+  """Sets dotted fields of `config` in place, e.g. {"task.concat_probability": 0.5}.
+
+  Raises:
+    ValueError: for a field the config lacks, or a value of another type than the field's.
+  """
+  for name, value in dotted.items():
+    parent = config
+    *path, leaf = name.split(".")
+    for part in path:
+      if part not in parent:
+        raise ValueError(f"override {name!r}: no config field {part!r}.")
+      parent = parent[part]
+    if leaf not in parent:
+      raise ValueError(f"override {name!r}: no config field {leaf!r}.")
+    try:
+      parent[leaf] = value
+    except TypeError:  # ConfigDict refuses a value of another type
+      raise ValueError(f"override {name}={value!r}: the field holds "
+                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
+
+
+def row_config(row: str, task: str) -> ml_collections.ConfigDict:
+  """The config of `row` on `task`: the task's base config with the row's fields.
+
+  Raises:
+    ValueError: for an unknown row or task.
+  """
+  config = task_config(task)
+  config.model.update(row_overrides(row))
+  set_fields(config, ROW_FIELDS.get(row, {}))
+  return config
+
+
+def run_config(row: str, seed: int, task: str,
+               overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """The config of one run: the row on `task`, seeded, with dotted-key overrides.
+
+  Raises:
+    ValueError: for an unknown row, task or override field, or an override of another type.
+  """
+  config = row_config(row, task)
+  config.seed = seed
+  set_fields(config, overrides or {})
+  return config
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """`"train.num_steps=100"` -> ("train.num_steps", 100); non-literals stay strings."""
+  if "=" not in text:
+    raise ValueError(f"--set {text!r}: expected dotted.field=value.")
+  field, value = text.split("=", 1)
+  try:
+    return field, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return field, value
+
+
+def format_override(field: str, value: Any) -> str:
+  """The `--set` text that `parse_override` reads back as (field, value)."""
+  return f"{field}={value!r}"

@@ -1,0 +1,35 @@
+"""JSON and text files written whole or not at all, and JSON read with one-line errors."""
+import json
+import os
+from typing import Any
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `text` (UTF-8) to `path` whole or not at all (a temporary file renamed), so that a
+  reader never sees half of it and a failed write leaves the old file."""
+  try:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
+  finally:
+    if os.path.exists(path + ".tmp"):
+      os.remove(path + ".tmp")
+
+
+def write_json(path: str, data: Any, **dump_options: Any) -> None:
+  """Writes `data` as JSON to `path` whole or not at all (`write_text`); `dump_options` go to
+  `json.dumps` (indent, sort_keys)."""
+  write_text(path, json.dumps(data, **dump_options))
+
+
+def read_json(path: str) -> Any:
+  """The JSON data in `path`.
+
+  Raises:
+    ValueError: naming the file, when it is not whole JSON.
+  """
+  with open(path, encoding="utf-8") as f:
+    try:
+      return json.load(f)
+    except ValueError as e:
+      raise ValueError(f"{path} is not valid JSON ({e}).") from None

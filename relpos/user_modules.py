@@ -1,0 +1,122 @@
+"""The user's own modules (`--import`): imported before any config is built, recorded in a
+run's workdir (imports.json) and imported again from there by evaluation."""
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import jax
+
+from relpos import json_files
+from relpos import workdir_files
+
+_IMPORTED: list[str] = []  # what `import_modules` imported in this process, in order
+
+
+def _is_file(spec: str) -> bool:
+  return spec.endswith(".py") or os.sep in spec
+
+
+def _import_file(path: str) -> ModuleType:
+  """Imports a .py file as a module named after it (importable again by that name)."""
+  name = os.path.splitext(os.path.basename(path))[0]
+  if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+    return sys.modules[name]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  try:
+    spec.loader.exec_module(module)
+  except BaseException:
+    del sys.modules[name]
+    raise
+  return module
+
+
+def _origin(spec: str) -> str | None:
+  """The file a module spec would run (a .py path, or the module's file), without running it."""
+  if _is_file(spec):
+    return os.path.abspath(spec)
+  try:
+    found = importlib.util.find_spec(spec)
+  except (ImportError, ValueError):
+    return None
+  return None if found is None else found.origin
+
+
+def _exit_words(code: Any) -> str:
+  """How a module's `sys.exit(code)` is told: "exited with status 3", or with its message."""
+  if code is None or isinstance(code, int):
+    return f"exited with status {code or 0}"
+  return f"exited ({code})"
+
+
+def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> None:
+  """Imports the user's modules (a module name, or a path to a .py file), e.g. a position
+  variant's, and records them for `imported`.
+
+  Args:
+    specs: what --import gave, in order.
+    refuse_under: a folder whose code must never run (a workdir being evaluated).
+
+  Raises:
+    ValueError: a module that cannot be found or imported, exits (`sys.exit`) while imported,
+      or lies under `refuse_under`, naming it.
+  """
+  for spec in specs:
+    origin = _origin(spec)
+    if origin is None or (_is_file(spec) and not os.path.isfile(origin)):
+      raise ValueError(f"--import={spec}: no such module or .py file (a module must be "
+                       f"importable: on PYTHONPATH, or give the path of its .py file).")
+    if refuse_under is not None and os.path.commonpath(
+        [os.path.realpath(origin), os.path.realpath(refuse_under)]) == os.path.realpath(
+            refuse_under):
+      raise ValueError(f"--import={spec}: {origin} lies inside the workdir {refuse_under}; "
+                       f"code found in a workdir is never run.")
+    try:
+      if _is_file(spec):
+        _import_file(origin)
+      else:
+        importlib.import_module(spec)
+    except SystemExit as e:  # sys.exit() in the user's module: not a silent end of the program
+      raise ValueError(f"--import={spec} {_exit_words(e.code)} while being imported.") from None
+    except Exception as e:  # the user's code: any error is theirs, named in one line
+      raise ValueError(f"--import={spec}: importing it failed: {type(e).__name__}: {e}") from e
+    recorded = origin if _is_file(spec) else spec
+    if recorded not in _IMPORTED:
+      _IMPORTED.append(recorded)
+
+
+def imported() -> list[str]:
+  """What `import_modules` imported in this process: module names and absolute .py paths."""
+  return list(_IMPORTED)
+
+
+def write_imports(workdir: str) -> None:
+  """Records `imported()` as `workdir/imports.json` (process 0; nothing when empty), so that
+  evaluation imports the same modules."""
+  if jax.process_index() != 0 or not _IMPORTED:
+    return
+  json_files.write_json(os.path.join(workdir, workdir_files.IMPORTS_FILE), _IMPORTED, indent=2)
+
+
+def import_recorded(workdir: str) -> None:
+  """Imports the modules a run recorded in `workdir/imports.json` (none without the file),
+  refusing any that lies inside the workdir.
+
+  Raises:
+    ValueError: the file is not a JSON list of strings, or a module fails (naming it).
+  """
+  path = os.path.join(workdir, workdir_files.IMPORTS_FILE)
+  if not os.path.exists(path):
+    return
+  specs = json_files.read_json(path)
+  if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
+    raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
+  try:
+    import_modules(specs, refuse_under=workdir)
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None

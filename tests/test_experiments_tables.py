@@ -1,0 +1,63 @@
+"""Tests for relpos.experiments.tables: the rows of the tables, the tasks' configs loaded by
+path, a run's config and the `--set` overrides."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relpos import source_tree
+
+from relpos.experiments import tables
+
+
+def test_every_task_config_loads_by_path_and_leaves_no_module_behind():
+  names = {task: tables.task_config(task).task.name for task in tables.TASKS}
+  assert names == {"synthetic": "synthetic", "multi30k": "multi30k", "multi30k_gpu": "multi30k",
+                   "tiny": "synthetic", "wmt14": "wmt14"}
+  assert tables.task_config("tiny").model.emb_dim < tables.task_config("synthetic").model.emb_dim
+  with pytest.raises(ValueError, match=r"^unknown task 'iwslt'; allowed: synthetic, multi30k, "):
+    tables.task_config("iwslt")
+  assert not any(name.startswith("relpos_task_config_") for name in sys.modules)
+
+
+def test_the_library_imports_no_config_module():
+  """configs/ imports the library (configs/ablation.py reads the rows here), never the reverse."""
+  program = ("import sys\n"
+             "from relpos.experiments import plots, report, run, runner, tables\n"
+             "assert not [m for m in sys.modules if m.split('.')[0] == 'configs'], sys.modules\n")
+  done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                        check=False, cwd=source_tree.ROOT, timeout=300,
+                        env={**os.environ, "PYTHONPATH": source_tree.ROOT})
+  assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_row_of_a_table():
+  assert tables.row_config("rel_k", "synthetic").model.relative_value is False
+  assert tables.row_in_table("k=7", "k_sweep") and not tables.row_in_table("k=7", "ablation")
+  assert tables.row_in_table("fire", "ablation") and tables.TABLES["ablation"] == (
+      tables.ABLATION_ROWS)
+  with pytest.raises(ValueError, match="unknown ablation row 'rel_q'"):
+    tables.row_config("rel_q", "synthetic")
+
+
+def test_the_length_table_rows_and_their_task_fields():
+  assert tables.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
+                                     "randomized", "rel_kv_concat")
+  assert tables.row_in_table("rel_k", "length") and not tables.row_in_table("k=4", "length")
+  config = tables.run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
+  assert (config.seed, config.train.num_steps) == (2, 3)
+  assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
+  override = tables.run_config("rel_kv_concat", 0, "synthetic",
+                               {"task.concat_probability": 0.0})  # the command line wins
+  assert override.task.concat_probability == 0.0
+
+
+def test_parse_override():
+  assert tables.parse_override("train.num_steps=100") == ("train.num_steps", 100)
+  assert tables.parse_override("task.name=multi30k") == ("task.name", "multi30k")
+  assert tables.parse_override("model.relative_key=False") == ("model.relative_key", False)
+  with pytest.raises(ValueError, match="dotted.field=value"):
+    tables.parse_override("train.num_steps")
+  for field, value in (("a.b", 0.1), ("a.b", "x y"), ("a.b", (1, 2)), ("a.b", "3")):
+    assert tables.parse_override(tables.format_override(field, value)) == (field, value)

@@ -1,0 +1,33 @@
+"""Tests for relpos.preemption: signals recorded, counted, passed to a callback, and the
+previous handlers put back."""
+import os
+import signal
+
+import pytest
+
+from relpos import preemption
+
+
+def test_a_signal_is_recorded_counted_and_the_handlers_put_back():
+  before = {s: signal.getsignal(s) for s in preemption.Preemption.SIGNALS}
+  with preemption.Preemption() as stop:
+    assert not stop.reached(1) and stop.signal is None and stop.count == 0
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.reached(2) and stop.signal == "SIGTERM" and stop.count == 1
+    os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: recorded
+    assert stop.signal == "SIGINT" and stop.count == 2
+  assert {s: signal.getsignal(s) for s in preemption.Preemption.SIGNALS} == before
+
+
+def test_only_the_chosen_signals_and_the_callback_may_stop_the_work_at_once():
+  class Stop(Exception):
+    pass
+
+  def stop_now(name: str) -> None:
+    raise Stop(name)
+
+  with pytest.raises(Stop, match="SIGTERM"):
+    with preemption.Preemption(signals=(signal.SIGTERM,), on_signal=stop_now):
+      assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      os.kill(os.getpid(), signal.SIGTERM)
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -1,0 +1,50 @@
+"""Tests for relpos.user_modules: --import of the user's modules and their record in a
+workdir."""
+import json
+import sys
+
+import pytest
+
+from relpos import user_modules
+from relpos import workdir_files
+
+
+def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  module = tmp_path / "mine.py"
+  module.write_text("LOADED = True\n")
+  user_modules.import_modules([str(module), "json"])
+  assert sys.modules["mine"].LOADED and user_modules.imported() == [str(module), "json"]
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  user_modules.write_imports(str(workdir))
+  assert json.loads((workdir / workdir_files.IMPORTS_FILE).read_text()) == [str(module), "json"]
+  user_modules.import_recorded(str(workdir))  # the same modules again: nothing changes
+  assert user_modules.imported() == [str(module), "json"]
+  (workdir / workdir_files.IMPORTS_FILE).write_text('{"not": "a list"}')
+  with pytest.raises(ValueError, match="imports.json must hold a JSON list"):
+    user_modules.import_recorded(str(workdir))
+  with pytest.raises(ValueError, match=r"--import=\S*mine\.py: \S*mine\.py lies inside the "
+                                       r"workdir"):
+    user_modules.import_modules([str(module)], refuse_under=str(tmp_path))
+
+
+@pytest.mark.parametrize("body, words", [("sys.exit(3)", "exited with status 3"),
+                                         ("sys.exit()", "exited with status 0"),
+                                         ("sys.exit('no GPU here')", "exited (no GPU here)")])
+def test_import_of_a_module_that_exits_is_an_error_naming_it(body, words, tmp_path,
+                                                              monkeypatch):
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  module = tmp_path / "leaving.py"
+  module.write_text(f"import sys\n{body}\n")
+  with pytest.raises(ValueError) as raised:
+    user_modules.import_modules([str(module)])
+  assert str(raised.value) == f"--import={module} {words} while being imported."
+  assert user_modules.imported() == [] and "leaving" not in sys.modules
+
+
+def test_import_of_a_missing_module_names_it(monkeypatch):
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  with pytest.raises(ValueError, match=r"^--import=no_such_module_here: no such module"):
+    user_modules.import_modules(["no_such_module_here"])
+  assert user_modules.imported() == []
