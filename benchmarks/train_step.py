@@ -2,7 +2,7 @@
 
 On a CPU the Multi30K model is `configs/multi30k.py` at a cut batch; on an accelerator it is the
 GPU recipe `configs/multi30k_gpu.py` (bfloat16, cuDNN attention where it runs) at its own batch.
-Uses the library's own compiled step (`relpos.train.Steps`: forward, backward, optimizer update,
+Uses the library's own compiled step (`relpos.steps_lib.Steps`: forward, backward, optimizer update,
 dropout on) on packed batches shaped like the task's (random tokens, segments of 3 to 20 tokens
 packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
 relative to `abs` of the same model and run.
@@ -18,7 +18,7 @@ from benchmarks import common
 from configs import ablation
 from relpos import run_config
 from relpos import device_mesh
-from relpos import train as train_lib
+from relpos import steps as steps_lib
 from relpos.data import pipeline
 
 VARIANTS = ("abs", "rel_kv", "rel_k", "rel_v", "t5", "rope", "alibi", "none")
@@ -79,7 +79,7 @@ def compiled_step(row: str, task: str) -> CompiledStep:
   """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
   config = _config(row, task)
   model_config = run_config.validate(config).model
-  steps = train_lib.Steps(device_mesh.make_mesh(), model_config, config.train)
+  steps = steps_lib.Steps(device_mesh.make_mesh(), model_config, config.train)
   batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
                                           model_config.vocab_size))
   state = steps.init(config.seed)

@@ -1,4 +1,4 @@
-"""Training: train state, optimizer, jit steps data-parallel over a device mesh, and the loop.
+"""Training: the loop that trains, validates, checkpoints and resumes a run.
 
 `train_and_evaluate(config, workdir)` validates the config, restores the latest checkpoint of
 `workdir` when there is one (exact resume: parameters, optimizer state, step, dropout RNG and
@@ -8,52 +8,35 @@ runs), writes `config.json`, `metrics.jsonl` and TensorBoard events, and saves O
 checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted: True`); on
 SIGINT (Ctrl-C) it saves and raises KeyboardInterrupt.
 
-The train state is a dict of pure pytrees, the layout checkpoints hold:
-  step         int32 []: updates taken (skipped non-finite ones included)
-  params       the model's nnx.Param values (nested dict)
-  rng          the model's RNG streams (nnx.RngState: dropout key and count)
-  opt_state    optax state
-  num_skipped  int32 []: updates skipped for a non-finite loss or gradient
-  loss_scale   only under model.dtype='float16': {"scale": float32 [], "good_steps": int32 []},
-               the dynamic loss scale (see `update_loss_scale`)
-
-Under `model.dtype` bfloat16 or float16 the parameters, optimizer state, logits and loss stay
-float32; float16's narrow range needs the loss scaled up before differentiation (gradients of
-small activations would flush to zero) and the gradients scaled back down.
+The train state and its optimizer are `relpos.train_state`'s; the compiled steps
+`relpos.steps`'.
 """
-import functools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grain
 import jax
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import checkpoints
 from relpos import device_mesh
 from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
-from relpos import model as model_lib
 from relpos import run_config
 from relpos import source_tree
+from relpos import steps as steps_lib
+from relpos import train_state
 from relpos import user_modules
 from relpos.data import pipeline
-from relpos.data import tokenizer as tokenizer_lib
 from relpos.preemption import Preemption
 
-TrainState = dict[str, Any]
-Batch = dict[str, jax.Array]
 VALIDATION_SPLIT = "validation"
 
 
@@ -62,311 +45,7 @@ class NonFiniteError(FloatingPointError):
   many skipped updates with 'skip'."""
 
 
-# --- optimizer and loss ------------------------------------------------------------------------
-
-
-def learning_rate_schedule(train_config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warm-up to `learning_rate`, then inverse square root decay (Vaswani et al. 2017).
-
-  lr(count) = learning_rate * min(s / warmup, sqrt(warmup / s)) with s = count + 1, so the
-  first update uses learning_rate / warmup and update `warmup` the peak.
-  """
-  peak, warmup = train_config.learning_rate, train_config.warmup_steps
-
-  def schedule(count: jax.Array) -> jax.Array:
-    s = jnp.asarray(count, jnp.float32) + 1.0
-    return peak * jnp.minimum(s / warmup, jnp.sqrt(warmup / s))
-
-  return schedule
-
-
-def make_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Adam (b1, b2, eps of the config), optional global-norm clipping and decoupled weight decay
-  (matrices only), scaled by `learning_rate_schedule`."""
-  transforms = []
-  if train_config.grad_clip_norm > 0:
-    transforms.append(optax.clip_by_global_norm(train_config.grad_clip_norm))
-  transforms.append(optax.scale_by_adam(b1=train_config.adam_b1, b2=train_config.adam_b2,
-                                        eps=train_config.adam_eps))
-  if train_config.weight_decay > 0:
-    transforms.append(optax.add_decayed_weights(
-        train_config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
-  transforms.append(optax.scale_by_learning_rate(learning_rate_schedule(train_config)))
-  return optax.chain(*transforms)
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array, *,
-                  label_smoothing: float = 0.0) -> tuple[jax.Array, jax.Array]:
-  """Label-smoothed cross-entropy summed over the non-padding target tokens.
-
-  The smoothed target puts 1 - label_smoothing on the target and spreads the rest evenly over
-  the other vocab entries; the entropy of that distribution is subtracted, so a perfect
-  prediction has loss 0.
-
-  Args:
-    logits: float [batch, length, vocab].
-    targets: int32 [batch, length]; PAD_ID marks padding (weight 0).
-    label_smoothing: in [0, 1).
-
-  Returns:
-    (loss_sum, weight_sum): float32 scalars, the summed loss and the number of target tokens.
-  """
-  vocab_size = logits.shape[-1]
-  confidence = 1.0 - label_smoothing
-  low = label_smoothing / (vocab_size - 1)
-  entropy = -(confidence * np.log(confidence) + (vocab_size - 1) * low * np.log(low + 1e-20))
-  soft_targets = jax.nn.one_hot(targets, vocab_size) * (confidence - low) + low
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-  loss = -jnp.sum(soft_targets * log_probs, axis=-1) - entropy
-  weights = (targets != tokenizer_lib.PAD_ID).astype(jnp.float32)
-  return jnp.sum(loss * weights), jnp.sum(weights)
-
-
-# Dynamic loss scaling (float16): start high, halve on an overflow (the update is skipped),
-# double after LOSS_SCALE_PERIOD updates without one, as in PyTorch's GradScaler and jmp.
-INITIAL_LOSS_SCALE = 2.0 ** 15
-LOSS_SCALE_PERIOD = 2000
-
-
-def initial_loss_scale() -> dict[str, jax.Array]:
-  return {"scale": jnp.asarray(INITIAL_LOSS_SCALE, jnp.float32),
-          "good_steps": jnp.zeros((), jnp.int32)}
-
-
-def update_loss_scale(loss_scale: dict[str, jax.Array],
-                      grads_finite: jax.Array) -> dict[str, jax.Array]:
-  """The loss scale after an update whose unscaled gradients were finite or not."""
-  good_steps = jnp.where(grads_finite, loss_scale["good_steps"] + 1, 0)
-  grow = good_steps >= LOSS_SCALE_PERIOD
-  scale = jnp.where(grads_finite, jnp.where(grow, loss_scale["scale"] * 2.0, loss_scale["scale"]),
-                    jnp.maximum(loss_scale["scale"] / 2.0, 1.0))
-  return {"scale": scale, "good_steps": jnp.where(grow, 0, good_steps)}
-
-
-# --- model and state ---------------------------------------------------------------------------
-
-
-def init_train_state(model_config: model_lib.TransformerConfig,
-                     optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
-  """A fresh train state (see the module docstring for its layout) from an int seed."""
-  _, params, rng = model_lib.split_model(model_lib.build_model(model_config, seed))
-  state = {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
-           "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
-  if model_config.dtype == "float16":
-    state["loss_scale"] = initial_loss_scale()
-  return state
-
-
-def model_from_state(graphdef: nnx.GraphDef, state: TrainState) -> model_lib.Transformer:
-  """The model with the parameters and RNG streams of `state`."""
-  return nnx.merge(graphdef, state["params"], state["rng"])
-
-
-# --- steps -------------------------------------------------------------------------------------
-
-
-def _model_kwargs(batch: Batch) -> dict[str, jax.Array]:
-  return {"inputs_positions": batch["inputs_position"],
-          "targets_positions": batch["targets_position"],
-          "inputs_segmentation": batch["inputs_segmentation"],
-          "targets_segmentation": batch["targets_segmentation"]}
-
-
-def micro_batches(batch: Batch, count: int) -> Batch:
-  """The batch [rows, length] as `count` micro-batches [count, rows / count, length].
-
-  Micro-batch j holds rows j, j + count, j + 2 * count, ...: each device's contiguous block of
-  rows splits into `count` parts of its own, so no row moves between devices.
-  """
-  return jax.tree.map(lambda x: jnp.swapaxes(x.reshape(-1, count, *x.shape[1:]), 0, 1), batch)
-
-
-def _gradients(params: Any, rng: Any, batch: Batch, *, graphdef: nnx.GraphDef,
-               label_smoothing: float, accumulation_steps: int,
-               loss_scale: jax.Array | None) -> tuple[jax.Array, Any, Any]:
-  """(loss per target token, its gradient, the RNG streams after dropout) of a global batch.
-
-  With `accumulation_steps` > 1 the batch is split by `micro_batches` and the gradients summed
-  over a `lax.scan`: each micro-batch's loss sum is divided by the whole batch's token count, so
-  the result is the gradient of the same mean loss, with the activations of one micro-batch in
-  memory at a time. Under a float16 `loss_scale` the loss is differentiated scaled and the
-  gradient scaled back.
-  """
-  tokens = jnp.sum((batch["targets"] != tokenizer_lib.PAD_ID).astype(jnp.float32))
-
-  def loss_fn(params, rng, micro):
-    model = nnx.merge(graphdef, params, rng)
-    logits = model(micro["inputs"], micro["targets"], deterministic=False, **_model_kwargs(micro))
-    loss_sum, _ = cross_entropy(logits, micro["targets"], label_smoothing=label_smoothing)
-    loss = loss_sum / tokens
-    scaled = loss if loss_scale is None else loss * loss_scale
-    return scaled, (loss, nnx.to_pure_dict(nnx.state(model, nnx.RngState)))
-
-  value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
-  if accumulation_steps == 1:
-    (_, (loss, rng)), grads = value_and_grad(params, rng, batch)
-  else:
-    def accumulate(carry, micro):
-      loss, grads, rng = carry
-      (_, (micro_loss, rng)), micro_grads = value_and_grad(params, rng, micro)
-      return (loss + micro_loss, jax.tree.map(jnp.add, grads, micro_grads), rng), None
-
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (loss, grads, rng), _ = jax.lax.scan(accumulate, (jnp.zeros((), jnp.float32), zeros, rng),
-                                         micro_batches(batch, accumulation_steps))
-  if loss_scale is not None:
-    grads = jax.tree.map(lambda grad: grad / loss_scale, grads)
-  return loss, grads, rng
-
-
-def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-               optimizer: optax.GradientTransformation, label_smoothing: float,
-               accumulation_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One update on a global batch. Not applied when the loss, the gradient or the updated
-  parameters are not finite (parameters whose global norm overflows float32 count as not
-  finite: an exploded update).
-
-  Args:
-    state: the train state.
-    batch: the six batch keys, int32 [batch, length], sharded over the data axis.
-    graphdef: the model structure.
-    optimizer: from `make_optimizer`.
-    label_smoothing: of the training loss.
-    accumulation_steps: micro-batches the gradient is accumulated over (`train.grad_accumulation
-      _steps`; rows must divide by it times the device count).
-
-  Returns:
-    The new state and float32 scalars loss (per target token), grad_norm, param_norm (of the
-    updated parameters) and finite (0.0 when the loss, gradient or updated parameters were
-    non-finite for a reason other than a float16 loss-scale overflow, which only lowers the
-    scale; the update is skipped either way).
-  """
-  loss_scale = state["loss_scale"]["scale"] if "loss_scale" in state else None
-  loss, grads, rng = _gradients(state["params"], state["rng"], batch, graphdef=graphdef,
-                                label_smoothing=label_smoothing,
-                                accumulation_steps=accumulation_steps, loss_scale=loss_scale)
-  grad_norm = optax.global_norm(grads)
-  updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  param_norm = optax.global_norm(params)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
-  keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
-  new_state = {"step": state["step"] + 1, "rng": rng,
-               "params": keep_if_finite(params, state["params"]),
-               "opt_state": keep_if_finite(opt_state, state["opt_state"]),
-               "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
-  if loss_scale is not None:
-    new_state["loss_scale"] = update_loss_scale(state["loss_scale"], jnp.isfinite(grad_norm))
-    # An overflow of the scaled gradient only lowers the scale.
-    finite = jnp.isfinite(loss) & (jnp.isfinite(param_norm) | ~jnp.isfinite(grad_norm))
-  return new_state, {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
-                     "finite": finite.astype(jnp.float32)}
-
-
-def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
-  """Sums over a batch (padding rows and tokens weigh 0) for loss and token accuracy.
-
-  Returns:
-    float32 scalars: loss_sum (plain cross-entropy), correct (argmax == target) and tokens.
-  """
-  model = model_from_state(graphdef, state)
-  logits = model(batch["inputs"], batch["targets"], deterministic=True, **_model_kwargs(batch))
-  loss_sum, tokens = cross_entropy(logits, batch["targets"])
-  weights = batch["targets"] != tokenizer_lib.PAD_ID
-  correct = jnp.sum((jnp.argmax(logits, axis=-1) == batch["targets"]) & weights)
-  return {"loss_sum": loss_sum, "correct": correct.astype(jnp.float32), "tokens": tokens}
-
-
-class Steps:
-  """The jit-compiled init, train and eval functions on a mesh (state replicated, batch rows
-  split over the data axis).
-
-  Attributes:
-    mesh: the device mesh.
-    replicated: sharding of the state.
-    batch_sharding: sharding of a batch's rows over the data axis.
-    graphdef: the model structure.
-    init: seed (int) -> a fresh train state.
-    train: (state, global batch) -> (state, metrics); the state's buffers are donated.
-    eval: (state, global batch) -> metric sums.
-  """
-
-  def __init__(self, mesh: Mesh, model_config: model_lib.TransformerConfig,
-               train_config: ml_collections.ConfigDict):
-    self.mesh = mesh
-    self.replicated = NamedSharding(mesh, PartitionSpec())
-    self.batch_sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
-    self.graphdef, _, _ = model_lib.abstract_model(model_config)
-    optimizer = make_optimizer(train_config)
-    self.init = jax.jit(functools.partial(init_train_state, model_config, optimizer),
-                        out_shardings=self.replicated)
-    self.train = jax.jit(
-        functools.partial(train_step, graphdef=self.graphdef, optimizer=optimizer,
-                          label_smoothing=train_config.label_smoothing,
-                          accumulation_steps=train_config.grad_accumulation_steps),
-        in_shardings=(self.replicated, self.batch_sharding),
-        out_shardings=(self.replicated, self.replicated), donate_argnums=0)
-    self.eval = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
-                        in_shardings=(self.replicated, self.batch_sharding),
-                        out_shardings=self.replicated)
-
-  def global_batch(self, local_batch: dict[str, np.ndarray]) -> Batch:
-    """Assembles this process's rows [rows/process_count, length] into a global batch."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding,
-                                                      np.asarray(local_batch[k]))
-            for k in pipeline.BATCH_KEYS}
-
-
-# The `train.*` fields the compiled steps depend on (not, e.g., num_steps or the intervals).
-STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
-               "weight_decay", "grad_clip_norm", "label_smoothing", "grad_accumulation_steps")
-
-
-def get_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
-              train_config: ml_collections.ConfigDict) -> Steps:
-  """`Steps`, shared by the runs of one process that differ only outside STEP_FIELDS (e.g. the
-  seeds of a table), so they compile once."""
-  return _cached_steps(mesh, model_config, tuple((f, train_config[f]) for f in STEP_FIELDS))
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
-                  step_fields: tuple[tuple[str, Any], ...]) -> Steps:
-  return Steps(mesh, model_config, ml_collections.ConfigDict(dict(step_fields)))
-
-
-def evaluate_loss(steps: Steps, state: TrainState, batches: Iterator[dict[str, np.ndarray]]
-                  ) -> dict[str, float]:
-  """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
-  totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
-  for batch in batches:
-    sums = jax.device_get(steps.eval(state, steps.global_batch(device_mesh.process_rows(batch))))
-    totals = {k: totals[k] + float(sums[k]) for k in totals}
-  loss = totals["loss_sum"] / totals["tokens"]
-  return {"loss": loss, "perplexity": float(np.exp(loss)),
-          "accuracy": totals["correct"] / totals["tokens"]}
-
-
 # --- the loop ----------------------------------------------------------------------------------
-
-
-def check_divisible(config: run_config.RunConfig) -> None:
-  """Batch sizes must split evenly over the devices (and the processes).
-
-  Raises:
-    ValueError: naming the field, its value and the device count.
-  """
-  for field in ("batch_size", "eval_batch_size"):
-    value = config.train[field]
-    if value % jax.device_count():
-      raise ValueError(f"config field train.{field}={value} must be divisible by the number of "
-                       f"devices ({jax.device_count()}).")
-  micro = config.train.grad_accumulation_steps * jax.device_count()
-  if config.train.batch_size % micro:
-    raise ValueError(f"config field train.batch_size={config.train.batch_size} must be divisible "
-                     f"by train.grad_accumulation_steps={config.train.grad_accumulation_steps} "
-                     f"times the number of devices ({jax.device_count()}).")
-
 
 class _Recorder:
   """Host side of the train metrics: checks finiteness, averages over a log interval.
@@ -468,13 +147,13 @@ def _is_multiple(step: int, every: int, last: int) -> bool:
   return step % every == 0 or step == last
 
 
-def _validate(config: run_config.RunConfig, task: pipeline.Task, steps: Steps,
-              state: TrainState) -> dict[str, Any]:
+def _validate(config: run_config.RunConfig, task: pipeline.Task, steps: steps_lib.Steps,
+              state: train_state.TrainState) -> dict[str, Any]:
   """Validation loss and accuracy, and beam-search BLEU / chrF when `decode.validation_bleu`."""
-  results = evaluate_loss(steps, state, task.eval_batches(VALIDATION_SPLIT,
+  results = steps_lib.evaluate_loss(steps, state, task.eval_batches(VALIDATION_SPLIT,
                                                           config.train.eval_batch_size))
   if config.decode.validation_bleu:
-    scores = evaluate.score_split(model_from_state(steps.graphdef, state), task, VALIDATION_SPLIT,
+    scores = evaluate.score_split(train_state.model_from_state(steps.graphdef, state), task, VALIDATION_SPLIT,
                                   config, mesh=steps.mesh)
     results.update({k: scores[k] for k in ("bleu", "chrf", "signature", "num_sentences")})
   return results
@@ -508,7 +187,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
   started = time.perf_counter()
   if not isinstance(config, run_config.RunConfig):
     config = run_config.validate(config)
-  check_divisible(config)
+  steps_lib.check_divisible(config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
@@ -517,7 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     try:
       run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
-      steps = get_steps(device_mesh.make_mesh(), config.model, config.train)
+      steps = steps_lib.get_steps(device_mesh.make_mesh(), config.model, config.train)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
@@ -531,9 +210,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
       manager.close()
 
 
-def _initial_state(config: run_config.RunConfig, steps: Steps,
+def _initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,
                    manager: ocp.CheckpointManager,
-                   train_iterator: grain.DatasetIterator) -> TrainState:
+                   train_iterator: grain.DatasetIterator) -> train_state.TrainState:
   """The newest restorable checkpoint's state (iterator restored in place), or a fresh one.
 
   Newer checkpoints found damaged are moved aside (`checkpoints.set_aside`), so that the run
@@ -578,7 +257,7 @@ def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
   return last
 
 
-def _train_summary(recorder: _Recorder, state: TrainState, schedule: optax.Schedule,
+def _train_summary(recorder: _Recorder, state: train_state.TrainState, schedule: optax.Schedule,
                    elapsed_s: float) -> dict[str, float]:
   """Means since the last summary, skipped updates so far, the next update's rate and the
   run's seconds so far (`metrics_writer.elapsed_seconds`)."""
@@ -589,7 +268,7 @@ def _train_summary(recorder: _Recorder, state: TrainState, schedule: optax.Sched
 
 
 def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
-                steps: Steps, state: TrainState, manager: ocp.CheckpointManager,
+                steps: steps_lib.Steps, state: train_state.TrainState, manager: ocp.CheckpointManager,
                 train_iterator: grain.DatasetIterator, started: float) -> dict[str, Any]:
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
 
@@ -603,7 +282,7 @@ def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
   """
   train_config = config.train
   first, last = int(state["step"]), train_config.num_steps
-  schedule = learning_rate_schedule(train_config)
+  schedule = train_state.learning_rate_schedule(train_config)
   last_records = _last_records(workdir)
   validation_history = _validation_history(workdir, first)
   earlier_s = metrics_writer.elapsed_seconds(

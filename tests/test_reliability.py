@@ -23,6 +23,7 @@ from relpos import evaluate
 from relpos import locks
 from relpos import metrics_writer
 from relpos import model as model_lib
+from relpos import steps as steps_lib
 from relpos import train
 from relpos import workdir_files
 
@@ -219,7 +220,7 @@ def strict_records(workdir: str) -> list[dict]:
 @pytest.mark.parametrize("mode", ["raise", "skip", "skip_too_many"])
 def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
   """Step 3's batch holds a token id past the vocabulary: NaN embeddings, loss and gradient."""
-  global_batch, calls = train.Steps.global_batch, []
+  global_batch, calls = steps_lib.Steps.global_batch, []
 
   def poisoned(self, batch):
     calls.append(1)
@@ -227,7 +228,7 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
       batch = {**batch, "inputs": np.where(batch["inputs"] > 0, 10**6, 0).astype(np.int32)}
     return global_batch(self, batch)
 
-  monkeypatch.setattr(train.Steps, "global_batch", poisoned)
+  monkeypatch.setattr(steps_lib.Steps, "global_batch", poisoned)
   overrides = {"train.num_steps": 5, "train.checkpoint_every_steps": 1, "train.log_every_steps": 1,
                "train.eval_every_steps": 5, "train.keep_checkpoints": 10,
                "train.nonfinite": "raise" if mode == "raise" else "skip",

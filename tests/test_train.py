@@ -16,7 +16,9 @@ from relpos import device_mesh
 from relpos import run_config
 from relpos import evaluate
 from relpos import metrics_writer
+from relpos import steps as steps_lib
 from relpos import train
+from relpos import train_state
 
 NUM_STEPS = 12
 
@@ -45,7 +47,7 @@ def trained(data_dir, tmp_path_factory):
 def test_learning_rate_schedule_warms_up_then_decays():
   config = tiny.get_config().train
   config.update(learning_rate=0.002, warmup_steps=4)
-  schedule = train.learning_rate_schedule(config)
+  schedule = train_state.learning_rate_schedule(config)
   rates = [float(schedule(count)) for count in (0, 1, 3, 15, 399)]
   np.testing.assert_allclose(rates, [0.0005, 0.001, 0.002, 0.001, 0.0002], rtol=1e-6)
 
@@ -54,8 +56,8 @@ def test_optimizer_is_adam_with_the_schedule():
   config = tiny.get_config().train
   config.update(learning_rate=0.01, warmup_steps=2, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9)
   params = {"w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.1, -0.1])}
-  ours, reference = train.make_optimizer(config), optax.adam(
-      train.learning_rate_schedule(config), b1=0.9, b2=0.98, eps=1e-9)
+  ours, reference = train_state.make_optimizer(config), optax.adam(
+      train_state.learning_rate_schedule(config), b1=0.9, b2=0.98, eps=1e-9)
   ours_state, reference_state = ours.init(params), reference.init(params)
   for i in range(3):
     grads = jax.tree.map(lambda p: jnp.sin(p * (i + 1)), params)
@@ -68,10 +70,10 @@ def test_optimizer_is_adam_with_the_schedule():
 def test_cross_entropy_with_label_smoothing_and_padding():
   logits = jnp.log(jnp.array([[[0.7, 0.1, 0.2], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]]))
   targets = jnp.array([[2, 1, 0]])  # the last token is padding
-  loss, tokens = train.cross_entropy(logits, targets)
+  loss, tokens = train_state.cross_entropy(logits, targets)
   np.testing.assert_allclose(loss, -np.log(0.2) - np.log(0.2), rtol=1e-6)
   assert float(tokens) == 2.0
-  smoothed, _ = train.cross_entropy(logits, targets, label_smoothing=0.1)
+  smoothed, _ = train_state.cross_entropy(logits, targets, label_smoothing=0.1)
   soft = np.array([[0.05, 0.05, 0.9], [0.05, 0.9, 0.05]])
   probs = np.array([[0.7, 0.1, 0.2], [0.2, 0.2, 0.6]])
   entropy = -(0.9 * np.log(0.9) + 2 * 0.05 * np.log(0.05))
@@ -98,7 +100,7 @@ def test_one_step_is_the_same_on_one_and_four_devices():
   initial = None
   outputs = []
   for devices in (jax.devices()[:1], jax.devices()):
-    steps = train.get_steps(Mesh(np.asarray(devices), ("data",)), model_config, config.train)
+    steps = steps_lib.get_steps(Mesh(np.asarray(devices), ("data",)), model_config, config.train)
     initial = steps.init(0) if initial is None else initial
     state, metrics = steps.train(jax.device_put(initial, steps.replicated, may_alias=False),
                                  steps.global_batch(batch))
@@ -177,7 +179,7 @@ def updates_on_one_batch(config, batch, count: int) -> tuple[list[float], dict]:
   """(the loss of each of `count` updates on `batch`, the final state on the host), from seed 0
   on one device."""
   mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
-  steps = train.get_steps(mesh, run_config.validate(config).model, config.train)
+  steps = steps_lib.get_steps(mesh, run_config.validate(config).model, config.train)
   state, losses = steps.init(0), []
   for _ in range(count):
     state, metrics = steps.train(state, steps.global_batch(batch))
@@ -224,20 +226,20 @@ def test_half_precision_train_steps_stay_close_to_float32(dtype):
 def initial_params(config) -> dict:
   """The parameters `updates_on_one_batch` starts from, on the host."""
   mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
-  return jax.device_get(train.get_steps(mesh, run_config.validate(config).model,
+  return jax.device_get(steps_lib.get_steps(mesh, run_config.validate(config).model,
                                         config.train).init(0)["params"])
 
 
 def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
-  scale = train.initial_loss_scale()
-  halved = train.update_loss_scale(scale, jnp.array(False))
-  assert float(halved["scale"]) == train.INITIAL_LOSS_SCALE / 2 and int(halved["good_steps"]) == 0
-  almost = {"scale": halved["scale"], "good_steps": jnp.array(train.LOSS_SCALE_PERIOD - 2)}
-  kept = train.update_loss_scale(almost, jnp.array(True))
+  scale = train_state.initial_loss_scale()
+  halved = train_state.update_loss_scale(scale, jnp.array(False))
+  assert float(halved["scale"]) == train_state.INITIAL_LOSS_SCALE / 2 and int(halved["good_steps"]) == 0
+  almost = {"scale": halved["scale"], "good_steps": jnp.array(train_state.LOSS_SCALE_PERIOD - 2)}
+  kept = train_state.update_loss_scale(almost, jnp.array(True))
   assert float(kept["scale"]) == float(halved["scale"])
-  doubled = train.update_loss_scale(kept, jnp.array(True))
-  assert float(doubled["scale"]) == train.INITIAL_LOSS_SCALE and int(doubled["good_steps"]) == 0
-  floor = train.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
+  doubled = train_state.update_loss_scale(kept, jnp.array(True))
+  assert float(doubled["scale"]) == train_state.INITIAL_LOSS_SCALE and int(doubled["good_steps"]) == 0
+  floor = train_state.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
                                   jnp.array(False))
   assert float(floor["scale"]) == 1.0
 
@@ -251,7 +253,7 @@ def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
   outputs = {}
   for accumulation in (1, 2):
     config.train.grad_accumulation_steps = accumulation
-    steps = train.get_steps(mesh, run_config.validate(config).model, config.train)
+    steps = steps_lib.get_steps(mesh, run_config.validate(config).model, config.train)
     state, metrics = steps.train(steps.init(0), steps.global_batch(batch))
     outputs[accumulation] = jax.device_get((state["params"], metrics))
   (params_1, metrics_1), (params_2, metrics_2) = outputs[1], outputs[2]
@@ -263,7 +265,7 @@ def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
 
 def test_micro_batches_keep_each_devices_rows():
   rows = np.arange(8)[:, None] * np.ones((1, 3), np.int32)
-  split = np.asarray(train.micro_batches({"inputs": jnp.asarray(rows)}, 2)["inputs"])[..., 0]
+  split = np.asarray(steps_lib.micro_batches({"inputs": jnp.asarray(rows)}, 2)["inputs"])[..., 0]
   np.testing.assert_array_equal(split, [[0, 2, 4, 6], [1, 3, 5, 7]])
 
 
