@@ -1,19 +1,24 @@
-"""Attention alone, forward plus backward, for every position variant.
+"""One self-attention layer, forward plus backward, for every position variant.
 
-Each variant is `loss = sum(out * cotangent)` differentiated with respect to query, key, value
-and its own parameters (relative tables, T5 bucket embedding), compiled once per shape. For
-each sequence length the variants are timed interleaved in one process; XLA's temporary memory
-and FLOPs come from the compiled program, so they are reported even where a variant is too
-slow or too large to run (the naive form at long lengths).
+Each benchmark variant is a decoder self-attention layer as the model builds it: the position
+variant from the registry (`relpos.variants.get`) with a model config, its `AttentionPosition`,
+in `relpos.attention.MultiHeadAttention` (projections, the variant's queries and keys and
+terms, the kernel). `loss = sum(out * cotangent)` is differentiated with respect to the layer's
+input and every parameter (projections, relative tables, T5 bucket embedding), compiled once
+per shape. For each sequence length the variants are timed interleaved in one process; XLA's
+temporary memory and FLOPs come from the compiled program, so they are reported even where a
+variant is too slow or too large to run (the naive form at long lengths).
 
-Variants (heads and depth fixed, causal mask as in decoder self-attention):
-  plain          no position term (absolute / none)
-  rel_k, rel_v, rel_kv   Shaw et al. efficient form, positions 0..n-1
+Variants (heads and depth fixed, model dim heads * depth, causal mask as in decoder
+self-attention; `POSITIONS` gives each one's `model.position` and fields):
+  plain          no position term ('none'; absolute encodings act on the embeddings)
+  rel_k, rel_v, rel_kv   Shaw et al. efficient form ('relative'), positions 0..n-1
   rel_kv_packed  rel_kv with per-row positions of packed segments and a segment mask: the
                  run-time checked path that training batches take
   t5, alibi      additive bias (T5 learned buckets, ALiBi slopes)
   rope           rotated queries and keys
-  naive          the materialized Shaw form as tensor2tensor builds it: per-pair tables
+  naive          the rel_kv layer (its projections and tables) with attention in the
+                 materialized Shaw form as tensor2tensor builds it: per-pair tables
                  [q_len, kv_len, depth] shared across batch and heads
 """
 import functools
@@ -24,11 +29,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from benchmarks import common
+from relpos import attention as attention_lib
+from relpos import model as model_lib
 from relpos import positions
+from relpos import variants
 from relpos.kernels import fused
-from relpos.kernels import relative as kernel
 
 LENGTHS = (64, 128, 256, 512, 1024, 2048)
 QUICK_LENGTHS = (64, 256, 1024)
@@ -41,6 +49,18 @@ NAIVE_MAX_TABLE_BYTES = 512 * 2 ** 20  # one [n, n, depth] per-pair table, else 
 T5_BUCKETS, T5_MAX_DISTANCE = 32, 128
 RELATIVE = ("rel_k", "rel_v", "rel_kv", "rel_kv_packed", "naive")
 FIXED = ("plain", "t5", "alibi", "rope")
+# Benchmark variant -> (model.position, its fields); k is model.max_relative_position.
+POSITIONS = {
+    "plain": ("none", {}),
+    "rel_k": ("relative", {"relative_value": False}),
+    "rel_v": ("relative", {"relative_key": False}),
+    "rel_kv": ("relative", {}),
+    "rel_kv_packed": ("relative", {}),
+    "naive": ("relative", {}),
+    "t5": ("t5", {"t5_num_buckets": T5_BUCKETS, "t5_max_distance": T5_MAX_DISTANCE}),
+    "alibi": ("alibi", {}),
+    "rope": ("rope", {}),
+}
 
 
 def batch_size(length: int) -> int:
@@ -67,143 +87,141 @@ def packed_layout(batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
   return np.tile(positions_row, (batch, 1)), np.tile(segments_row, (batch, 1))
 
 
-def _naive_attention(query, key, value, rel_key, rel_value, max_distance, mask):
+def model_config(variant: str, max_distance: int, dtype: Any) -> model_lib.TransformerConfig:
+  """The model config of a benchmark variant: HEADS heads of depth DEPTH, no dropout."""
+  position, fields = POSITIONS[variant]
+  values = {**model_lib.default_config().to_dict(), "position": position, "num_heads": HEADS,
+            "qkv_dim": HEADS * DEPTH, "emb_dim": HEADS * DEPTH, "attention_dropout_rate": 0.0,
+            "dtype": jnp.dtype(dtype).name, "max_relative_position": max_distance, **fields}
+  return model_lib.TransformerConfig.from_config(values, vocab_size=2)
+
+
+def build_layer(variant: str, max_distance: int, dtype: Any = jnp.float32,
+                seed: int = 0) -> attention_lib.MultiHeadAttention:
+  """A decoder self-attention layer of `variant`, built by its registered position variant."""
+  config = model_config(variant, max_distance, dtype)
+  rngs = nnx.Rngs(params=seed)
+  position = variants.get(config.position)(config).self_attention(1, causal=True,
+                                                                  rngs=rngs)[0]
+  return model_lib._attention(config, position, rngs=rngs)  # pylint: disable=protected-access
+
+
+def _projected(layer: attention_lib.MultiHeadAttention, inputs: jax.Array, mask: jax.Array,
+               attend: Callable[..., jax.Array]) -> jax.Array:
+  """layer.out(attend(query, key, value, terms, mask, positions)): the layer's projections
+  (queries and keys transformed by its position module) around another attention function.
+
+  Args:
+    inputs: [batch, n, model_dim], at positions 0..n-1.
+    attend: (query, key, value [batch, n, heads, depth], terms (`AttentionTerms`), mask,
+      positions [1, n]) -> [batch, n, heads, depth].
+  """
+  arange = jnp.arange(inputs.shape[1], dtype=jnp.int32)[None]
+  query, key, value = layer.query(inputs), layer.key(inputs), layer.value(inputs)
+  terms = variants.AttentionTerms()
+  if layer.position is not None:
+    query, key = layer.position.queries_and_keys(query, key, arange, arange)
+    terms = layer.position.terms(arange, arange)
+  return layer.out(attend(query, key, value, terms, mask, arange))
+
+
+def _naive_attention(query, key, value, terms, mask, arange):
   """Shaw et al. eqs. 3-5 with per-pair tables [q_len, kv_len, depth] (tensor2tensor style)."""
-  q_len, kv_len, depth = query.shape[1], key.shape[1], query.shape[-1]
-  index = positions.clipped_relative_position_index(jnp.arange(q_len), jnp.arange(kv_len),
-                                                    max_distance)
-  query = query * depth ** -0.5
-  logits = (jnp.einsum("bqhd,bkhd->bhqk", query, key)
-            + jnp.einsum("bqhd,qkd->bhqk", query, rel_key[index]))
+  index = positions.clipped_relative_position_index(arange[0], arange[0], terms.max_distance)
+  query = query * query.shape[-1] ** -0.5
+  logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
+  if terms.rel_key is not None:
+    logits += jnp.einsum("bqhd,qkd->bhqk", query, terms.rel_key[index])  # [b, h, q, k]
   weights = jax.nn.softmax(jnp.where(mask, logits, jnp.finfo(jnp.float32).min), axis=-1)
-  return (jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-          + jnp.einsum("bhqk,qkd->bqhd", weights, rel_value[index]))
+  out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d]
+  if terms.rel_value is not None:
+    out += jnp.einsum("bhqk,qkd->bqhd", weights, terms.rel_value[index])  # [b, q, h, d]
+  return out
 
 
-def _t5_bias(embedding: jax.Array, length: int) -> jax.Array:
-  """Causal T5 bias [1, heads, n, n] from a bucket embedding [buckets, heads]."""
-  arange = jnp.arange(length)
-  buckets = positions.t5_relative_position_bucket(
-      positions.relative_positions(arange, arange), bidirectional=False,
-      num_buckets=T5_BUCKETS, max_distance=T5_MAX_DISTANCE)
-  return jnp.moveaxis(embedding[buckets], -1, 0)[None]
+def _dot_product_attention(query, key, value, terms, mask, arange):
+  """`jax.nn.dot_product_attention` (the call a GPU makes), a^K folded into its bias."""
+  return fused.bias_attention(query, key, value, rel_key=terms.rel_key,
+                              max_distance=terms.max_distance, bias=terms.bias, mask=mask,
+                              query_positions=arange, key_positions=arange,
+                              implementation="xla")
 
 
-def variant_output(variant: str, max_distance: int, params: dict[str, jax.Array],
-                   query: jax.Array, key: jax.Array, value: jax.Array,
-                   layout: dict[str, jax.Array]) -> jax.Array:
-  """The attention output [batch, n, heads, depth] of one variant.
+def layer_output(variant: str, layer: attention_lib.MultiHeadAttention, inputs: jax.Array,
+                 layout: dict[str, jax.Array]) -> jax.Array:
+  """The output [batch, n, model_dim] of one variant's layer.
 
   Args:
     variant: a name of FIXED or RELATIVE.
-    max_distance: k (relative variants).
-    params: 'rel_key', 'rel_value' [2k+1, depth] and 't5' [buckets, heads].
-    query, key, value: [batch, n, heads, depth].
+    layer: its layer (`build_layer`).
+    inputs: [batch, n, model_dim].
     layout: 'mask' bool [1, 1, n, n] (causal) and, for rel_kv_packed, 'packed_mask'
       [batch, 1, n, n] and 'positions' [batch, n].
   """
-  mask = layout["mask"]
-  call = functools.partial(kernel.relative_dot_product_attention, query, key, value)
-  if variant == "plain":
-    return call(mask=mask)
-  if variant in ("rel_k", "rel_v", "rel_kv"):
-    return call(rel_key=params["rel_key"] if variant != "rel_v" else None,
-                rel_value=params["rel_value"] if variant != "rel_k" else None,
-                max_distance=max_distance, mask=mask)
-  if variant == "rel_kv_packed":
-    return call(rel_key=params["rel_key"], rel_value=params["rel_value"],
-                max_distance=max_distance, mask=layout["packed_mask"],
-                query_positions=layout["positions"], key_positions=layout["positions"])
-  if variant == "t5":
-    return call(bias=_t5_bias(params["t5"], query.shape[1]), mask=mask)
-  if variant == "alibi":
-    arange = jnp.arange(query.shape[1])[None]
-    return call(bias=positions.alibi_bias(arange, arange, positions.alibi_slopes(query.shape[2])),
-                mask=mask)
-  if variant == "rope":
-    arange = jnp.arange(query.shape[1])[None]
-    return kernel.relative_dot_product_attention(
-        positions.apply_rope(query, arange), positions.apply_rope(key, arange), value, mask=mask)
   if variant == "naive":
-    return _naive_attention(query, key, value, params["rel_key"], params["rel_value"],
-                            max_distance, mask)
-  raise ValueError(f"unknown attention variant {variant!r}; allowed: {FIXED + RELATIVE}.")
+    return _projected(layer, inputs, layout["mask"], _naive_attention)
+  if variant == "rel_kv_packed":
+    return layer(inputs, mask=layout["packed_mask"], query_positions=layout["positions"])
+  return layer(inputs, mask=layout["mask"])
 
 
-def make_arguments(batch: int, length: int, max_distance: int, dtype: Any = jnp.float32,
-                   seed: int = 0) -> tuple[dict[str, jax.Array], tuple[jax.Array, ...],
-                                           dict[str, jax.Array]]:
-  """(params, (query, key, value, cotangent), layout) for one shape."""
-  keys = jax.random.split(jax.random.key(seed), 7)
-  shape = (batch, length, HEADS, DEPTH)
-  table = (2 * max_distance + 1, DEPTH)
-  params = {"rel_key": _normal(keys[0], table, dtype) * DEPTH ** -0.5,
-            "rel_value": _normal(keys[1], table, dtype) * DEPTH ** -0.5,
-            "t5": _normal(keys[2], (T5_BUCKETS, HEADS), jnp.float32)}
-  tensors = tuple(_normal(k, shape, dtype) for k in keys[3:])
+def make_arguments(variant: str, batch: int, length: int, max_distance: int,
+                   dtype: Any = jnp.float32, seed: int = 0
+                   ) -> tuple[attention_lib.MultiHeadAttention, tuple[jax.Array, jax.Array],
+                              dict[str, jax.Array]]:
+  """(the layer, (inputs, cotangent) [batch, n, model_dim], layout) for one shape."""
+  keys = jax.random.split(jax.random.key(seed), 2)
+  tensors = tuple(_normal(k, (batch, length, HEADS * DEPTH), dtype) for k in keys)
   causal = jnp.tril(jnp.ones((length, length), bool))
   positions_, segments = packed_layout(batch, length)
   segments = jnp.asarray(segments)
   packed_mask = (segments[:, :, None] == segments[:, None, :]) & causal
   layout = {"mask": causal[None, None], "packed_mask": packed_mask[:, None],
             "positions": jnp.asarray(positions_)}
-  return params, tensors, layout
+  return build_layer(variant, max_distance, dtype, seed), tensors, layout
 
 
-def fwd_bwd(variant: str, max_distance: int) -> Callable[..., Any]:
-  """jit((params, query, key, value, cotangent, layout) -> gradients) of one variant."""
+def fwd_bwd(variant: str, graphdef: nnx.GraphDef) -> Callable[..., Any]:
+  """jit((layer state, inputs, cotangent, layout) -> gradients) of one variant's layer."""
 
-  def loss(params, query, key, value, cotangent, layout):
-    out = variant_output(variant, max_distance, params, query, key, value, layout)
+  def loss(state, inputs, cotangent, layout):
+    out = layer_output(variant, nnx.merge(graphdef, state), inputs, layout)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
 
-  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
+  return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
 
 def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
-  """Largest |difference| of each efficient variant's output from a reference, at a tiny size.
+  """Largest |difference| of each variant's layer output from a reference, at a tiny size.
 
-  rel_* against the naive form (rel_kv_packed against the naive form run per segment), and the
-  additive-bias variants against `jax.nn.dot_product_attention` (the call a GPU makes), with
-  a^K folded into its bias for rel_k.
+  The references take the layer's own projections and position terms: rel_* against the naive
+  form (rel_kv_packed against the naive form run per segment), and the variants without a^V
+  against `jax.nn.dot_product_attention` (the call a GPU makes), with a^K folded into its bias
+  for rel_k.
   """
-  params, (query, key, value, _), layout = make_arguments(2, length, max_distance)
-  out = {v: variant_output(v, max_distance, params, query, key, value, layout)
-         for v in FIXED + RELATIVE}
-  naive = out["naive"]
-  zero = {"rel_key": jnp.zeros_like(params["rel_key"]),
-          "rel_value": jnp.zeros_like(params["rel_value"])}
-  errors = {
-      "rel_kv": naive,
-      "rel_k": variant_output("naive", max_distance, {**params, "rel_value": zero["rel_value"]},
-                              query, key, value, layout),
-      "rel_v": variant_output("naive", max_distance, {**params, "rel_key": zero["rel_key"]},
-                              query, key, value, layout),
-  }
-  positions_, segments = packed_layout(2, length)
-  packed_reference = jnp.zeros_like(naive)
+  out, layers = {}, {}
+  for variant in FIXED + RELATIVE:
+    layers[variant], (inputs, _), layout = make_arguments(variant, 2, length, max_distance)
+    out[variant] = layer_output(variant, layers[variant], inputs, layout)
+  mask = layout["mask"]
+  result = {name: float(jnp.max(jnp.abs(
+      out[name] - _projected(layers[name], inputs, mask, _naive_attention))))
+            for name in ("rel_kv", "rel_k", "rel_v")}
+  _, segments = packed_layout(2, length)
+  packed_reference = jnp.zeros_like(out["rel_kv_packed"])
   for segment in range(1, int(segments.max()) + 1):
     columns = np.flatnonzero(segments[0] == segment)
     part = slice(int(columns[0]), int(columns[-1]) + 1)
-    alone = _naive_attention(query[:, part], key[:, part], value[:, part], params["rel_key"],
-                             params["rel_value"], max_distance,
-                             layout["mask"][..., part, part])
+    alone = _projected(layers["rel_kv_packed"], inputs[:, part], mask[..., part, part],
+                       _naive_attention)
     packed_reference = packed_reference.at[:, part].set(alone)
-  real = jnp.asarray(segments > 0)[:, :, None, None]
-  result = {name: float(jnp.max(jnp.abs(out[name] - ref))) for name, ref in errors.items()}
+  real = jnp.asarray(segments > 0)[:, :, None]
   result["rel_kv_packed"] = float(jnp.max(jnp.abs(
       jnp.where(real, out["rel_kv_packed"] - packed_reference, 0.0))))
-  arange = jnp.arange(length)[None]
-  biases = {"plain": None, "t5": _t5_bias(params["t5"], length),
-            "alibi": positions.alibi_bias(arange, arange, positions.alibi_slopes(HEADS))}
-  for name, bias in biases.items():
-    reference = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=layout["mask"],
-                                             implementation="xla")
-    result[f"{name}_vs_dot_product_attention"] = float(jnp.max(jnp.abs(out[name] - reference)))
-  folded = fused.bias_attention(query, key, value, rel_key=params["rel_key"],
-                                max_distance=max_distance, mask=layout["mask"],
-                                implementation="xla")
-  result["rel_k_folded_into_bias"] = float(jnp.max(jnp.abs(out["rel_k"] - folded)))
+  for name in FIXED + ("rel_k",):
+    reference = _projected(layers[name], inputs, mask, _dot_product_attention)
+    key = "rel_k_folded_into_bias" if name == "rel_k" else f"{name}_vs_dot_product_attention"
+    result[key] = float(jnp.max(jnp.abs(out[name] - reference)))
   return result
 
 
@@ -225,8 +243,9 @@ def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     rounds: timed rounds per length (default: 5, 3 from n = 1024, 2 at 2048; quick 3).
 
   Returns:
-    {'records': [...], 'check': max errors of `check_variants`, 'notes': [...]}, one record
-    per (n, variant, k) with seconds, temp_bytes and flops and their ratios to plain.
+    {'records': [...], 'check': max errors of `check_variants`, 'notes': [...], 'dtype',
+    'heads', 'depth', 'model_dim'}, one record per (n, variant, k) with seconds, temp_bytes
+    and flops and their ratios to plain.
   """
   dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
   records, notes = [], []
@@ -238,15 +257,16 @@ def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     plan = [(v, None) for v in FIXED] + [(v, k) for k in MAX_DISTANCES for v in RELATIVE]
     calls, stats = {}, {}
     for variant, max_distance in plan:
-      params, tensors, layout = make_arguments(batch, length, max_distance or 0, dtype)
-      compiled = fwd_bwd(variant, max_distance or 0).lower(params, *tensors, layout).compile()
+      layer, tensors, layout = make_arguments(variant, batch, length, max_distance or 0, dtype)
+      graphdef, state = nnx.split(layer)
+      compiled = fwd_bwd(variant, graphdef).lower(state, *tensors, layout).compile()
       name = f"{variant}/k={max_distance}"
       stats[name] = common.compiled_stats(compiled)
       if variant == "naive" and not _naive_fits(length):
         notes.append(f"naive at n={length}, k={max_distance}: compiled only (per-pair tables "
                      f"of {length * length * DEPTH * 4 / 2 ** 20:.0f} MiB each), not timed.")
         continue
-      calls[name] = functools.partial(compiled, params, *tensors, layout)
+      calls[name] = functools.partial(compiled, state, *tensors, layout)
     default_rounds = 3 if quick else (5 if length < 1024 else 3 if length < 2048 else 2)
     common.progress(f"attention n={length} batch={batch}: timing {len(calls)} programs")
     seconds = common.interleaved_medians(calls, rounds=rounds or default_rounds)
@@ -260,7 +280,7 @@ def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
       entry["flops_ratio"] = _ratio(entry["flops"], base["flops"])
       records.append(_record(variant, length, batch, max_distance, entry))
   return {"records": records, "check": check, "notes": notes, "dtype": jnp.dtype(dtype).name,
-          "heads": HEADS, "depth": DEPTH}
+          "heads": HEADS, "depth": DEPTH, "model_dim": HEADS * DEPTH}
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

@@ -51,7 +51,11 @@ def _ratio(value: float | None) -> str:
 
 
 def attention_markdown(section: dict[str, Any]) -> list[str]:
-  lines = [f"Forward + backward, {section['heads']} heads, depth {section['depth']}, "
+  # Results without "model_dim" timed the kernel alone, on given queries, keys and values.
+  what = ("Forward + backward" if "model_dim" not in section else
+          f"One decoder self-attention layer as the model builds it (model dim "
+          f"{section['model_dim']}, projections included), forward + backward")
+  lines = [f"{what}, {section['heads']} heads, depth {section['depth']}, "
            f"{section['dtype']}, causal mask; ratios to `plain` of the same n.", "",
            "| n | batch | variant | k | time | temp MiB | temp | GFLOP | FLOPs |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

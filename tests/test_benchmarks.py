@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from benchmarks import attention
 from benchmarks import common
@@ -14,12 +15,22 @@ from benchmarks import decode
 from benchmarks import profile
 from benchmarks import run
 from benchmarks import train_step
+from relpos import variants
 from relpos.data import pipeline
 
 
 def test_attention_variants_match_their_references():
   errors = attention.check_variants()
   assert errors and max(errors.values()) < 1e-4, errors
+
+
+def test_attention_variants_are_the_registered_layers():
+  for variant, (position, _) in attention.POSITIONS.items():
+    config = attention.model_config(variant, 2, jnp.float32)
+    layer = attention.build_layer(variant, 2)
+    expected = variants.get(position)(config).self_attention(1, causal=True, rngs=nnx.Rngs(0))[0]
+    assert type(layer.position) is type(expected) and config.position == position
+  assert set(attention.POSITIONS) == set(attention.FIXED + attention.RELATIVE)
 
 
 def test_packed_batch_holds_whole_segments():
@@ -108,6 +119,9 @@ def test_markdown_has_every_section():
   assert "| total | 7.00 | 7.70 | +0.70 | +10.0% |" in text
   assert "rel_kv / abs: 1.080x." in text
   assert "| 1024 | 2 | rel_kv | 16 | 1.10x | 0.0 | 1.30x | 2.00 | 1.05x |" in text
+  results = _results()
+  results["cpu"]["attention"]["model_dim"] = 512
+  assert "layer as the model builds it (model dim 512, projections" in run.render(results)
 
 
 def test_profile_attributes_instructions_to_kinds():

@@ -20,6 +20,7 @@ from relpos import model as model_lib
 from relpos import positions as positions_lib
 from relpos import train
 from relpos import variants
+from relpos.experiments import analysis
 from relpos.variants import interface
 from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
 from test_train import _random_batch, updates_on_one_batch
@@ -41,6 +42,10 @@ class DistanceBias(variants.AttentionPosition):
     distance = jnp.abs(key_positions[..., None, :] - query_positions[..., :, None])
     bias = self.table[...][jnp.minimum(distance, self.window)]  # [b, q, k, heads]
     return variants.AttentionTerms(bias=jnp.moveaxis(bias, -1, 1))
+
+  def add_statistics(self, statistics, query, valid):
+    statistics.setdefault("distance_bias", np.asarray(self.table[...]).tolist())
+    statistics.setdefault("query_shapes", []).append([*query.shape, *valid.shape])
 
 
 class DistanceBiasVariant(variants.Variant):
@@ -108,6 +113,17 @@ def test_a_variant_defined_here_is_configured_validated_and_shared(registered):
              for layer in layers)
   tables = [v for path, v in nnx.state(model, nnx.Param).flat_state() if path[-1] == "table"]
   assert [t[...].shape for t in tables] == [(3, 2)]  # one table, counted once
+
+
+def test_a_variant_defined_here_reports_its_position_statistics(registered):
+  model = _model(position="distance_bias")
+  inputs = np.array([[3, 4, 5, 1, 0], [6, 1, 0, 0, 0]], np.int32)
+  statistics = analysis.position_statistics(model, inputs)
+  table = model.encoder.layers[0].self_attention.position.table[...]
+  assert statistics["distance_bias"] == np.asarray(table).tolist()
+  head_dim = model.config.qkv_dim // model.config.num_heads
+  assert statistics["query_shapes"] == [[2, 5, model.config.num_heads, head_dim, 2, 5]] * len(
+      model.encoder.layers)
 
 
 def test_a_variant_defined_here_decodes_with_a_cache_as_in_the_full_pass(registered):

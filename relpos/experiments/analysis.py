@@ -5,11 +5,12 @@ encoder layer (self-attention, averaged over heads, sentences and query tokens):
 
 - "attention_by_offset": mean attention weight a query puts on the key at offset j - i,
   for offsets -MAX_OFFSET..MAX_OFFSET (only pairs inside the sentence count);
-- "qak_by_offset" (position 'relative' with a^K): mean of q_i · a^K[d] / sqrt(depth) for each
-  clipped offset d = -k..k, the logit a^K adds at that offset;
-- "t5_bias" (position 't5'): the encoder's learned bias [buckets][heads].
 - "longest_distance": the largest |j - i| within one of the sentences (their longest length
-  minus 1), the distances the plots show.
+  minus 1), the distances the plots show;
+- what each layer's position module adds (`relpos.variants.AttentionPosition.add_statistics`):
+  "qak_by_offset" [layer][2k+1] and "max_distance" k (relative, with a^K: the mean logit
+  q_i · a^K[d] / sqrt(depth) a^K adds at each clipped offset d = -k..k), "t5_bias"
+  [buckets][heads] (t5: the encoder's learned bias); the plots below draw these.
 
 `attention_profile` measures, per encoder layer, how spread out each query's attention is
 ("entropy_by_query", in nats, by query position) and the offset profile above; the runner
@@ -36,8 +37,6 @@ from relpos import positions as positions_lib
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.experiments import plots
 from relpos.experiments import report
-from relpos.variants import relative
-from relpos.variants import t5
 
 MAX_OFFSET = 10
 
@@ -93,8 +92,8 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
 
   Returns:
     {"attention_by_offset": [layer][2*MAX_OFFSET+1] (None where no pair exists),
-     "offsets": list of offsets, "longest_distance": int, plus "qak_by_offset"
-     [layer][2k+1] and "max_distance" for a^K, "t5_bias" [buckets][heads] for t5}.
+     "offsets": list of offsets, "longest_distance": int, plus what the position modules add
+     (the module docstring)}.
   """
   valid = inputs != tokenizer_lib.PAD_ID
   stats: dict[str, Any] = {"offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
@@ -102,20 +101,8 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
                            "longest_distance": int(valid.sum(axis=1).max()) - 1}
   for attention, sublayer_input, weights in _encoder_attention(model, inputs):
     stats["attention_by_offset"].append(_mean_by_offset(weights, valid))
-    tables = attention.position
-    if isinstance(tables, relative.RelativePositionTables) and tables.rel_key is not None:
-      query = attention.query(sublayer_input)  # [batch, n, heads, depth]
-      table = tables.rel_key[...]
-      spec = "bnhd,rd->bnhr" if table.ndim == 2 else "bnhd,hrd->bnhr"
-      logits = np.asarray(jnp.einsum(spec, query, table)) * attention.head_dim ** -0.5
-      stats.setdefault("qak_by_offset", []).append(
-          (logits * valid[:, :, None, None]).sum((0, 1, 2)) / (valid.sum() * logits.shape[2]))
-      stats["max_distance"] = tables.max_distance
-  if "qak_by_offset" in stats:
-    stats["qak_by_offset"] = [row.tolist() for row in stats["qak_by_offset"]]
-  t5_bias = model.encoder.layers[0].self_attention.position
-  if isinstance(t5_bias, t5.T5RelativeBias):
-    stats["t5_bias"] = np.asarray(t5_bias.embedding[...]).tolist()
+    if attention.position is not None:
+      attention.position.add_statistics(stats, attention.query(sublayer_input), valid)
   return stats
 
 

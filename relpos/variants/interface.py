@@ -21,12 +21,15 @@ positions): it may transform the projected queries and keys (`queries_and_keys`:
 layer calls it alike in a full pass and in a cached decode step; in a step the query is the one
 token at position `cache_index`, its key is transformed at that position before it is written
 to the cache, and the terms are computed against every cache slot (later slots are masked).
+It may also report what its position term learned (`add_statistics`, read by
+`relpos.experiments.analysis`).
 """
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import jax
+import numpy as np
 from flax import nnx
 
 from relpos import fields as fields_lib
@@ -74,6 +77,23 @@ class AttentionPosition(nnx.Module):
     """The bias and tables of the attention call."""
     del query_positions, key_positions
     return AttentionTerms()
+
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
+                     valid: np.ndarray) -> None:
+    """Adds what this layer's position term learned to an encoder's `statistics`.
+
+    `relpos.experiments.analysis.position_statistics` calls it once per encoder layer, in
+    order, on a batch of source sentences at positions 0..n-1, and stores the statistics (JSON
+    values: lists, numbers) in the run's result.json; this base adds nothing.
+
+    Args:
+      statistics: the statistics so far (the earlier layers' included); add or append under
+        names of this variant's own.
+      query: the layer's projected queries [batch, n, heads, head_dim] (before
+        `queries_and_keys`).
+      valid: bool [batch, n], True on tokens.
+    """
+    del statistics, query, valid
 
 
 class StochasticEmbedding(nnx.Module):

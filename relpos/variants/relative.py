@@ -6,10 +6,15 @@ shared across heads unless `relative_per_head`, and are one per layer unless
 `relative_shared_across_layers` (then one for the whole model, encoder and decoder). The kernel
 is `relpos.kernels.relative`.
 """
+from typing import Any
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from relpos import fields
+from relpos.kernels import distances as distances_lib
 from relpos.variants import absolute
 from relpos.variants import interface
 
@@ -61,6 +66,27 @@ class RelativePositionTables(interface.AttentionPosition):
         rel_key=None if self.rel_key is None else self.rel_key[...],
         rel_value=None if self.rel_value is None else self.rel_value[...],
         max_distance=self.max_distance)
+
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
+                     valid: np.ndarray) -> None:
+    """With a^K: appends this layer's row of "qak_by_offset" ([layer][2k+1]: the mean over
+    tokens and heads of the logit a^K adds at offset d = -k..k, q_i . a^K[d] / sqrt(depth))
+    and sets "max_distance" (k)."""
+    if self.rel_key is None:
+      return
+    k, length = self.max_distance, query.shape[1]
+    # The kernel's a^K logits of queries at position 0 against keys at -k..k, one per row:
+    # [batch, heads, n, 2k+1]
+    query_positions = jnp.zeros((1, length), jnp.int32)
+    key_positions = jnp.arange(-k, k + 1, dtype=jnp.int32)[None]
+    distances = distances_lib.distances_of(query_positions, key_positions, None, length,
+                                           2 * k + 1, k)
+    logits = distances_lib.relative_logits(distances_lib.heads_first(query), self.rel_key[...],
+                                           distances, k) * query.shape[-1] ** -0.5
+    logits = np.ascontiguousarray(np.moveaxis(np.asarray(logits), 1, 2))  # [batch, n, heads, 2k+1]
+    mean = (logits * valid[:, :, None, None]).sum((0, 1, 2)) / (valid.sum() * logits.shape[2])
+    statistics.setdefault("qak_by_offset", []).append(mean.tolist())
+    statistics["max_distance"] = k
 
 
 @interface.register("relative")

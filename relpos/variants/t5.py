@@ -1,7 +1,10 @@
 """The T5 relative bias (Raffel et al. 2020): one learned scalar per head per bucket of
 distances; bidirectional buckets in the encoder, causal ones in the decoder."""
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from relpos import fields
@@ -55,6 +58,13 @@ class T5RelativeBias(interface.AttentionPosition):
   def terms(self, query_positions: jax.Array,
             key_positions: jax.Array) -> interface.AttentionTerms:
     return interface.AttentionTerms(bias=self(query_positions, key_positions))
+
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
+                     valid: np.ndarray) -> None:
+    """"t5_bias": the first layer's bias table [buckets][heads] (the encoder's, bidirectional
+    buckets)."""
+    del query, valid
+    statistics.setdefault("t5_bias", np.asarray(self.embedding[...]).tolist())
 
 
 @interface.register("t5")
