@@ -2,7 +2,7 @@
 
 Every field is declared once, with its default, rule and doc: `seed`, `task.*`, `train.*` and
 `decode.*` in `relpos/run_config.py` (SECTIONS), the architecture's `model.*` fields on
-`relpos.model.TransformerConfig`, each position variant's own (k, a^K / a^V switches, T5
+`relpos.model_config.TransformerConfig`, each position variant's own (k, a^K / a^V switches, T5
 buckets, ...) in its module of `relpos/variants/`. The default variant is
 model.position = "relative" (Shaw et al., k = 16, a^K and a^V).
 

@@ -36,6 +36,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import model as model_lib
+from relpos import model_config
 from relpos import workdir_files
 
 PyTree = Any
@@ -394,7 +395,7 @@ def read_state(workdir: str, step: int | None = None) -> dict[str, PyTree]:
 
 
 def restore_model(manager: ocp.CheckpointManager, step: int,
-                  model_config: model_lib.TransformerConfig,
+                  model_config: model_config.TransformerConfig,
                   sharding: jax.sharding.Sharding) -> model_lib.Transformer:
   """The model saved at `step`, laid out with `sharding`: its parameters and RNG streams (the
   rest of the state is read and dropped, so evaluation needs no optimizer).

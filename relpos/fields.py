@@ -2,7 +2,7 @@
 
 A `Field` declares one config field. Every field has one, in one place per section: `task.*`,
 `train.*` and `decode.*` in `relpos.run_config`, the architecture's `model.*` fields on
-`relpos.model.TransformerConfig`, each position variant's own `model.*` fields in its module
+`relpos.model_config.TransformerConfig`, each position variant's own `model.*` fields in its module
 (`relpos.variants`). `resolve` checks a section against its fields: a missing field takes its
 `absent` value with a warning (a config.json written before the field existed), an unknown
 field or an invalid value raises a ValueError that names the field, the value and what is

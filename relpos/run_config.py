@@ -2,10 +2,10 @@
 
 A config has five sections. The fields of `seed`, `task.*`, `train.*` and `decode.*` are
 declared below, one `relpos.fields.Field` each (default, rule, doc); `model.*` are the typed
-attributes of `relpos.model.TransformerConfig` and the fields of the position variant it
+attributes of `relpos.model_config.TransformerConfig` and the fields of the position variant it
 selects. `validate` checks a config once, at a program's start, and returns a `RunConfig`: every
 field present and checked, frozen; nothing downstream validates again. A run writes it to
-`<workdir>/config.json` (`write`); `load` reads it back (for evaluation, resuming, a table), and
+`<workdir>/config.json` (`write_to`); `load` reads it back (for evaluation, resuming, a table), and
 `differences` says which fields two configs disagree on, and what each change does.
 """
 import dataclasses
@@ -20,6 +20,7 @@ from absl import logging
 
 from relpos import fields
 from relpos import model as model_lib
+from relpos import model_config
 from relpos import json_files
 from relpos import user_modules
 from relpos import workdir_files
@@ -135,7 +136,7 @@ class RunConfig:
   """
   seed: int
   task: ml_collections.FrozenConfigDict
-  model: model_lib.TransformerConfig
+  model: model_config.TransformerConfig
   train: ml_collections.FrozenConfigDict
   decode: ml_collections.FrozenConfigDict
 
@@ -158,7 +159,7 @@ def default_config() -> ml_collections.ConfigDict:
     for name in section.split(".") if section else ():
       node = node.setdefault(name, {})
     node.update({name: field.default for name, field in declared.items()})
-  config[MODEL] = model_lib.default_config().to_dict()
+  config[MODEL] = model_config.default_config().to_dict()
   ordered = {name: config[name] for name in ("seed", "task", MODEL, "train", "decode")}
   return ml_collections.ConfigDict(ordered)
 
@@ -181,7 +182,7 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
   return resolved
 
 
-def _check_between(sections: dict[str, dict[str, Any]], model: model_lib.TransformerConfig
+def _check_between(sections: dict[str, dict[str, Any]], model: model_config.TransformerConfig
                    ) -> None:
   """Rules between fields: ranges given as (min, max), lengths against model.max_len."""
   synthetic = sections["task.synthetic"]
@@ -213,8 +214,9 @@ def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig
   sections = _sections(given)
   if not isinstance(given.get(MODEL), Mapping):
     raise ValueError("config section model is missing.")
-  model = model_lib.TransformerConfig.from_config(given[MODEL], sections["task"]["vocab_size"])
+  model = model_config.TransformerConfig.from_config(given[MODEL], sections["task"]["vocab_size"])
   _check_between(sections, model)
+  model_lib.check_variant(model)
   task = {**sections["task"], "synthetic": sections["task.synthetic"]}
   return RunConfig(seed=sections[""]["seed"], task=ml_collections.FrozenConfigDict(task),
                    model=model, train=ml_collections.FrozenConfigDict(sections["train"]),
@@ -273,7 +275,7 @@ def load(workdir: str) -> RunConfig:
   return read(path)
 
 
-def write(config: RunConfig, workdir: str) -> None:
+def write_to(config: RunConfig, workdir: str) -> None:
   """Writes `workdir/config.json` (process 0), whole or not at all (a temporary file renamed),
   so that evaluation never reads half of it."""
   if jax.process_index() == 0:
@@ -300,7 +302,7 @@ def effect(path: str) -> str:
   TOKENIZER or PARAMETERS)."""
   section, _, name = path.rpartition(".")
   if section == MODEL:
-    field = {**model_lib.FIELDS, **variants.all_fields()}.get(name)
+    field = {**model_config.FIELDS, **variants.all_fields()}.get(name)
     default = fields.PARAMETERS
   else:
     field = SECTIONS.get(section, {}).get(name)

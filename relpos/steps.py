@@ -19,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from relpos import device_mesh
 from relpos import model as model_lib
+from relpos import model_config
 from relpos import run_config
 from relpos import train_state
 from relpos.data import pipeline
@@ -156,7 +157,7 @@ class Steps:
     eval: (state, global batch) -> metric sums.
   """
 
-  def __init__(self, mesh: Mesh, model_config: model_lib.TransformerConfig,
+  def __init__(self, mesh: Mesh, model_config: model_config.TransformerConfig,
                train_config: ml_collections.ConfigDict):
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, PartitionSpec())
@@ -187,7 +188,7 @@ STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps"
                "weight_decay", "grad_clip_norm", "label_smoothing", "grad_accumulation_steps")
 
 
-def get_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
+def get_steps(mesh: Mesh, model_config: model_config.TransformerConfig,
               train_config: ml_collections.ConfigDict) -> Steps:
   """`Steps`, shared by the runs of one process that differ only outside STEP_FIELDS (e.g. the
   seeds of a table), so they compile once."""
@@ -195,7 +196,7 @@ def get_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_steps(mesh: Mesh, model_config: model_lib.TransformerConfig,
+def _cached_steps(mesh: Mesh, model_config: model_config.TransformerConfig,
                   step_fields: tuple[tuple[str, Any], ...]) -> Steps:
   return Steps(mesh, model_config, ml_collections.ConfigDict(dict(step_fields)))
 

@@ -202,7 +202,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
-      run_config.write(config, workdir)
+      run_config.write_to(config, workdir)
       user_modules.write_imports(workdir)
       metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)

@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 
 from relpos import model as model_lib
+from relpos import model_config
 from relpos.data import tokenizer as tokenizer_lib
 
 TrainState = dict[str, Any]
@@ -112,7 +113,7 @@ def update_loss_scale(loss_scale: dict[str, jax.Array],
 # --- model and state ---------------------------------------------------------------------------
 
 
-def init_train_state(model_config: model_lib.TransformerConfig,
+def init_train_state(model_config: model_config.TransformerConfig,
                      optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
   """A fresh train state (see the module docstring for its layout) from an int seed."""
   _, params, rng = model_lib.split_model(model_lib.build_model(model_config, seed))

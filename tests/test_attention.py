@@ -10,7 +10,7 @@ from flax import nnx
 
 from configs import default
 from relpos import attention
-from relpos import model as model_lib
+from relpos import model_config
 from relpos import positions
 from relpos import variants
 from relpos.kernels import relative as kernel
@@ -52,7 +52,7 @@ def _from_registry(name: str):
   sizes (a variant without attention terms gives None)."""
   model_fields = {**default.get_config().model.to_dict(), "position": name, "num_heads": HEADS,
                   "emb_dim": MODEL_DIM, "qkv_dim": QKV_DIM, "mlp_dim": 16, "max_len": 32}
-  config = model_lib.TransformerConfig.from_config(model_fields, vocab_size=16)
+  config = model_config.TransformerConfig.from_config(model_fields, vocab_size=16)
   def build(rngs, seed):
     del seed
     return variants.get(name)(config).self_attention(1, causal=True, rngs=rngs)[0]

@@ -10,6 +10,7 @@ from scipy import stats
 
 from configs import default
 from relpos import model as model_lib
+from relpos import model_config
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.experiments import analysis
 from relpos.experiments import diagnostics
@@ -62,7 +63,7 @@ def tiny_model():
   model_cfg = {**default.get_config().model.to_dict(), "emb_dim": 16, "num_heads": 2,
                "qkv_dim": 16, "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1,
                "max_len": 32, "max_relative_position": 2}
-  return model_lib.Transformer(model_lib.TransformerConfig.from_config(model_cfg, VOCAB),
+  return model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, VOCAB),
                                rngs=nnx.Rngs(0))
 
 
@@ -98,7 +99,7 @@ def test_position_statistics_equal_the_parameters_read_directly(overrides):
   model_cfg = {**default.get_config().model.to_dict(), "emb_dim": 24, "num_heads": 2,
                "qkv_dim": 24, "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1,
                "max_len": 32, "max_relative_position": 2, **overrides}
-  model = model_lib.Transformer(model_lib.TransformerConfig.from_config(model_cfg, VOCAB),
+  model = model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, VOCAB),
                                 rngs=nnx.Rngs(0))
   inputs = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0]], np.int32)
   statistics = analysis.position_statistics(model, inputs)

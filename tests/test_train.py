@@ -385,6 +385,6 @@ def test_a_checkpoints_file_stops_training_and_evaluation_before_any_step(data_d
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(tiny_config(data_dir), workdir)
   assert sorted(os.listdir(workdir)) == ["checkpoints", "train.lock"]
-  run_config.write(run_config.validate(tiny_config(data_dir)), workdir)
+  run_config.write_to(run_config.validate(tiny_config(data_dir)), workdir)
   with pytest.raises(ValueError, match=message):
     evaluate.evaluate_checkpoint(workdir, split="validation")

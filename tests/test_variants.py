@@ -17,6 +17,7 @@ from flax import nnx
 from configs import tiny
 from relpos import fields
 from relpos import model as model_lib
+from relpos import model_config
 from relpos import positions as positions_lib
 from relpos import train
 from relpos import variants
@@ -98,13 +99,13 @@ def test_register_refuses_a_taken_name_or_field(registered):
 
 def _model(**overrides) -> model_lib.Transformer:
   config = model_fields(**overrides)
-  return model_lib.Transformer(model_lib.TransformerConfig.from_config(config, VOCAB),
+  return model_lib.Transformer(model_config.TransformerConfig.from_config(config, VOCAB),
                                rngs=nnx.Rngs(0))
 
 
 def test_a_variant_defined_here_is_configured_validated_and_shared(registered):
   assert "distance_bias" in variants.names()
-  assert model_lib.default_config().distance_window == 3
+  assert model_config.default_config().distance_window == 3
   with pytest.raises(ValueError, match=r"model\.distance_window=-1.*integer >= 0"):
     _model(position="distance_bias", distance_window=-1)
   model = _model(position="distance_bias", distance_window=2)
@@ -357,7 +358,7 @@ def _segments(positions: np.ndarray) -> list[tuple[int, int, int]]:
 def test_stochastic_variants_evaluate_as_absolute(variant):
   def build(position):
     config = model_fields(position=position)
-    return model_lib.build_model(model_lib.TransformerConfig.from_config(config, VOCAB), 0)
+    return model_lib.build_model(model_config.TransformerConfig.from_config(config, VOCAB), 0)
 
   absolute, model = build("absolute"), build(variant)
   # The same parameters (the variant draws from the dropout stream, not the parameters') ...

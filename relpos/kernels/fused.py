@@ -26,7 +26,7 @@ def cudnn_requirement(*, backend: str, dtypes: tuple[Any, ...], depth: int, valu
   head depth that is a multiple of 8 and at most 128, and even lengths (the backward pass with a
   bias requires them) unless the query is one decode-step token. The one statement of these
   rules: the per-call check (`cudnn_unsupported`) and a model's config
-  (`relpos.model.check_cudnn`) both ask here.
+  (`relpos.model_config.check_cudnn`) both ask here.
 
   Args:
     backend: JAX's default backend.
