@@ -17,6 +17,7 @@ from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 from relpos.experiments import paper
 from relpos.experiments import report
 from relpos.experiments import tables
+from relpos.experiments import verdicts
 
 
 def describe(runs: list[dict]) -> str:
@@ -50,13 +51,13 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   if not ks:
     return None
   fig, ax = plt.subplots(figsize=(6, 4))
-  held_out = [s for s in report.splits_in_order(sweep) if s != "validation"]
+  held_out = [s for s in verdicts.splits_in_order(sweep) if s != "validation"]
   for split, style in zip(held_out, ("o-", "s--", "^-.")):
     points = [(k, [r["scores"][split]["bleu"] for r in sweep
                    if r["k"] == k and split in r["scores"]]) for k in ks]
     points = [(k, v) for k, v in points if v]
     if points:
-      stats = [report.mean_std(v) for _, v in points]
+      stats = [verdicts.mean_std(v) for _, v in points]
       ax.errorbar([k for k, _ in points], [m for m, _ in stats], yerr=[s for _, s in stats],
                   fmt=style, capsize=3, label=f"relpos, {split}")
   ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:",
@@ -106,11 +107,11 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     The path written, or None when the runs hold no per-length scores.
   """
   ablation_runs = [r for r in runs if r["table"] == "ablation"]
-  held_out = [s for s in report.splits_in_order(ablation_runs) if s != "validation"]
+  held_out = [s for s in verdicts.splits_in_order(ablation_runs) if s != "validation"]
   buckets = [(s, b) for s in held_out for b in report.length_buckets(ablation_runs, s)]
   if not buckets:
     return None
-  rows = report.rows_in_order(ablation_runs, "ablation")
+  rows = verdicts.rows_in_order(ablation_runs, "ablation")
   curves = {}  # row -> (x, means, stds)
   for row in rows:
     points = []
@@ -118,7 +119,7 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
       values = [r["bleu_by_source_length"][split][bucket] for r in ablation_runs
                 if r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})]
       if values:
-        points.append((x, *report.mean_std(values)))
+        points.append((x, *verdicts.mean_std(values)))
     curves[row] = tuple(np.array(column) for column in zip(*points))
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
   boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
@@ -158,7 +159,7 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
         for step, bleu in run["validation_curve"]:
           by_step[step].append(bleu)
     steps = sorted(by_step)
-    means, stds = (np.array(column) for column in zip(*(report.mean_std(by_step[s])
+    means, stds = (np.array(column) for column in zip(*(verdicts.mean_std(by_step[s])
                                                         for s in steps)))
     color = f"C{index % 10}"
     ax.plot(steps, means, marker=".", color=color, label=row)
@@ -178,7 +179,7 @@ def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]], value
   for x, (split, bucket) in enumerate(buckets):
     values = [v for v in (value(r, split, bucket) for r in runs) if v is not None]
     if values:
-      points.append((x, *report.mean_std(values)))
+      points.append((x, *verdicts.mean_std(values)))
   return tuple(np.array(column) for column in zip(*points)) if points else ((), (), ())
 
 
@@ -199,9 +200,9 @@ def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
 def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], list[str]]:
   """(the length table's runs with diagnostics, their (split, bucket) points in order, rows)."""
   table = [r for r in runs if r["table"] == "length" and "oracle_length" in r]
-  held_out = [s for s in report.splits_in_order(table) if s != "validation"]
+  held_out = [s for s in verdicts.splits_in_order(table) if s != "validation"]
   buckets = [(s, b) for s in held_out for b in report.length_buckets(table, s)]
-  return table, buckets, report.rows_in_order(table, "length")
+  return table, buckets, verdicts.rows_in_order(table, "length")
 
 
 def _bucket_axis(ax, buckets: list[tuple[str, str]]) -> None:
@@ -291,9 +292,9 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   table = [r for r in runs if r["table"] == "length" and "token_accuracy_by_position" in r]
   if not table:
     return None
-  splits = [s for s in report.splits_in_order(table)
+  splits = [s for s in verdicts.splits_in_order(table)
             if s in table[0]["token_accuracy_by_position"]]
-  rows = report.rows_in_order(table, "length")
+  rows = verdicts.rows_in_order(table, "length")
   fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4), sharey=True,
                            squeeze=False)
   short = [r["token_accuracy_by_position"].get("test", {}).get("count", []) for r in table]
@@ -327,7 +328,7 @@ def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
   table = [r for r in runs if r["table"] == "length" and "attention_profile" in r]
   if not table:
     return None
-  rows = report.rows_in_order(table, "length")
+  rows = verdicts.rows_in_order(table, "length")
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
   for ax, row in zip(axes, rows):
     run = min((r for r in table if r["row"] == row), key=lambda r: r["seed"])

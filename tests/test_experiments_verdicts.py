@@ -1,0 +1,121 @@
+"""Tests for relpos.experiments.verdicts: Welch's t-test and the findings' verdicts over seeds."""
+
+import math
+
+import pytest
+from scipy import stats
+
+from relpos.experiments import verdicts
+from test_experiments_report import _few_seeds, _length_runs, _run
+
+
+def test_mean_std():
+  assert verdicts.mean_std([1.0]) == (1.0, 0.0)
+  mean, std = verdicts.mean_std([1.0, 3.0])
+  assert mean == 2.0 and std == pytest.approx(2 ** 0.5)
+
+
+def test_welch_against_the_closed_form():
+  # Equal sizes and variances: df = 2 (n - 1) = 4, where P(|T| < t) = x (3 - x^2) / 2 with
+  # x = t / sqrt(t^2 + 4), and the 97.5% quantile is 2.776445.
+  c = verdicts.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+  se = math.sqrt(1 / 3 + 1 / 3)
+  x = 3 / se / math.sqrt((3 / se) ** 2 + 4)
+  assert c.difference == -3.0
+  assert c.p == pytest.approx(1 - x * (3 - x * x) / 2, rel=1e-6)
+  assert (c.low, c.high) == pytest.approx((-3 - 2.776445 * se, -3 + 2.776445 * se), rel=1e-6)
+  assert verdicts.welch([5.0, 5.0, 5.0], [5.0, 5.0, 5.0]).p == 1.0  # constant samples: exact
+  assert verdicts.welch([6.0, 6.0, 6.0], [5.0, 5.0, 5.0]) == (1.0, 1.0, 1.0, 0.0)
+
+
+def test_judge_gap_and_match_predictions():
+  noisy_high, noisy_low = [97.0, 99.0, 101.0], [95.0, 97.0, 99.0]  # 2 BLEU apart, std 2
+  assert verdicts.judge(noisy_high, noisy_low, gap=True, margin=1.0)[0] == "no"  # not significant
+  assert verdicts.judge(noisy_low, noisy_high, gap=False, margin=1.0)[0] == "yes"  # within noise
+  tight_high, tight_low = [99.0, 99.1, 99.2], [96.0, 96.1, 96.2]
+  assert verdicts.judge(tight_high, tight_low, gap=True, margin=1.0)[0] == "yes"
+  assert verdicts.judge(tight_high, tight_low, gap=True, margin=4.0)[0] == "no"  # gap too small
+  verdict, statistics = verdicts.judge(tight_low, tight_high, gap=False, margin=1.0)
+  assert verdict == "no" and statistics.startswith("-3.0 [-3.2, -2.8], p = ")
+  assert verdicts.judge(tight_low[:2], tight_high, gap=False, margin=1.0) == (
+      "not enough seeds", "")
+
+
+def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
+  return [_run(table, row, seed, test, long, k=k, speed=speed)
+          for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))]
+
+
+def test_findings_verdicts_with_three_seeds():
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0])
+          + _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0],
+                    speeds=[9.5, 9.6, 9.7])
+          + _seeded("ablation", "none", [20.0, 21.0, 22.0])
+          + _seeded("ablation", "rel_k", [58.0, 61.0, 64.0])
+          + _seeded("ablation", "rel_v", [30.0, 31.0, 32.0])
+          + _seeded("k_sweep", "k=0", [20.0, 21.0, 22.0], k=0)
+          + _seeded("k_sweep", "k=1", [50.0, 51.0, 52.0], k=1)
+          + _seeded("k_sweep", "k=2", [58.0, 60.0, 62.0], k=2)
+          + _seeded("k_sweep", "k=4", [59.0, 61.0, 63.0], k=4)
+          + _seeded("k_sweep", "k=16", [57.0, 59.0, 61.0], k=16))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  assert {n: v for n, (v, _) in found.items()} == {
+      "1.": "yes",  # 61 vs 51
+      "2.": "yes",  # 61 vs none 21
+      "2b.": "yes",  # within the sweep: k=1 (51, the lowest k >= 1) vs k=0 (21)
+      "3.": "yes",  # 59-61 with std 2: within noise
+      "4a.": "yes",  # rel_k 61 ± 3 vs 61 ± 1
+      "4b.": "no",  # rel_v 31: less than half way from 21 to 61
+      "5.": "yes",  # 4% drop
+      "6.": "yes",  # test_long 41 vs 11
+  }
+  assert found["2b."][1].startswith("lowest k >= 1, k=1 51.0 ± 1.0, vs k=0 21.0 ± 1.0: +30.0")
+  assert found["3."][1].startswith("3 values of k; lowest k=16 59.0 ± 2.0 vs highest k=4 "
+                                   "61.0 ± 2.0: -2.0 [")
+  # A significant step between two values of k is not flat; one value of k gives no verdict.
+  steep = [r for r in runs if r["row"] != "k=16"] + _seeded("k_sweep", "k=16", [40.0, 40.5, 41.0],
+                                                            k=16)
+  assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(steep))["3."] == "no"
+  single = [r for r in runs if r["row"] not in ("k=4", "k=16")]
+  assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(single))["3."] == "not run"
+
+
+def test_findings_need_three_seeds():
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(_few_seeds())}
+  assert found["1."] == ("not enough seeds", "rel_kv 61.0 ± 1.4 vs abs 51.0 ± 1.4")
+  assert {v for v, _ in found.values()} == {"not enough seeds"}
+
+
+def test_findings_not_run_when_rows_missing():
+  runs = [_run("ablation", "abs", 0, 50.0, 10.0)]
+  judged = {f.split(" ")[0]: v for f, v, _ in verdicts.findings(runs)}
+  assert set(judged.values()) == {"not run"}
+
+
+def test_length_findings_judged_by_welch():
+  found = {f: (v, e) for f, v, e in verdicts.length_findings(_length_runs())}
+  # (i) rel_kv (25, 27, 29) against abs (28, 29, 30): no significant gain.
+  verdict, evidence = found["(i) rel_kv beats abs on test_long (Rosendahl et al. 2019)"]
+  p = stats.ttest_ind([25.0, 27.0, 29.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  assert verdict == "no" and evidence.endswith(f"p = {p:.2g}")
+  assert found["(i) t5 beats abs on test_long (Rosendahl et al. 2019)"][0] == "not run"
+  # (ii) abs: oracle 62-64 vs 28-30 (exact +34, no spread): yes, half of the drop recovered;
+  # rel_kv: +0.5 only.
+  p = stats.ttest_ind([62.0, 63.0, 64.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  # 95% interval: 34 ± t(0.975, df 4) * sqrt(2 / 3) = 34 ± 2.776 * 0.816
+  assert found["(ii) abs: oracle length lifts test_long"] == (
+      "yes", "recovers 50% ± 0% of the drop; oracle 63.0 ± 1.0 vs 29.0 ± 1.0: "
+             f"+34.0 [+31.7, +36.3], p = {p:.2g}")
+  assert found["(ii) rel_kv: oracle length lifts test_long"][0] == "no"
+  # (iii) shape over abs: +12 on test_long at a cost of 6 on test.
+  verdict, evidence = found["(iii) shape lifts test_long over abs"]
+  assert verdict == "yes"
+  p = stats.ttest_ind([40.0, 41.0, 42.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
+  cost = stats.ttest_ind([90.0, 91.0, 92.0], [96.0, 97.0, 98.0], equal_var=False).pvalue
+  assert evidence == (f"test_long shape 41.0 ± 1.0 vs abs 29.0 ± 1.0: +12.0 [+9.7, +14.3], "
+                      f"p = {p:.2g}; change on test -6.0 [-8.3, -3.7], p = {cost:.2g}")
+  assert found["(iii) rel_kv_concat lifts test_long over rel_kv"][0] == "no"  # +1, p large
+  assert found["(iii) fire lifts test_long over t5"][0] == "not run"
+  two_seeds = [r for r in _length_runs() if r["seed"] < 2]
+  assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds",
+                                                                  "not run"}
