@@ -378,7 +378,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     OSError: an output folder that cannot be written (before any work).
     ValueError: invalid arguments, an empty or non-UTF-8 input file or one with a line over
       MAX_SOURCE_TOKENS tokens, a checkpoint of another architecture, a position variant of
-      the user's own that fails a trial (`model.check_variant`).
+      the user's own that fails a trial (`variant_trial.check_variant`).
   """
   config = run_config.load(workdir)
   decoding = {"decode.beam_size": beam_size, "decode.alpha": alpha}

@@ -19,10 +19,10 @@ import ml_collections
 from absl import logging
 
 from relpos import fields
-from relpos import model as model_lib
 from relpos import model_config
 from relpos import json_files
 from relpos import user_modules
+from relpos import variant_trial
 from relpos import workdir_files
 from relpos import variants
 from relpos.fields import BOOLEAN, NEUTRAL, NON_EMPTY_STRING, STRING, TOKENIZER, Field
@@ -216,7 +216,7 @@ def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig
     raise ValueError("config section model is missing.")
   model = model_config.TransformerConfig.from_config(given[MODEL], sections["task"]["vocab_size"])
   _check_between(sections, model)
-  model_lib.check_variant(model)
+  variant_trial.check_variant(model)
   task = {**sections["task"], "synthetic": sections["task.synthetic"]}
   return RunConfig(seed=sections[""]["seed"], task=ml_collections.FrozenConfigDict(task),
                    model=model, train=ml_collections.FrozenConfigDict(sections["train"]),

@@ -175,7 +175,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
     ValueError: an invalid config field (or a position variant of the user's own that fails a
-      trial: `model.check_variant`), a workdir that is a file, checkpoints of another
+      trial: `variant_trial.check_variant`), a workdir that is a file, checkpoints of another
       architecture or tokenizer (`run_config.check_resume`) in `workdir`, or written by another
       number of processes.
     checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
