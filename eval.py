@@ -32,10 +32,11 @@ _MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
-  result = cli.run(argv, lambda: evaluate.evaluate_checkpoint(
-      _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value,
-      input_file=_INPUT.value, reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value,
-      alpha=_ALPHA.value, output_dir=_OUTPUT_DIR.value), multihost=_MULTIHOST.value)
+  result = cli.run(
+      argv, lambda: evaluate.evaluate_checkpoint(
+          _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value, input_file=_INPUT.value,
+          reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+          output_dir=_OUTPUT_DIR.value), multihost=_MULTIHOST.value)
   print(json.dumps(result, indent=2))
 
 

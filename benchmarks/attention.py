@@ -46,7 +46,7 @@ HEADS = 8
 DEPTH = 64
 TOKENS = 2048  # batch = TOKENS // n, between 1 and MAX_BATCH
 MAX_BATCH = 8
-NAIVE_MAX_TABLE_BYTES = 512 * 2 ** 20  # one [n, n, depth] per-pair table, else compile only
+NAIVE_MAX_TABLE_BYTES = 512 * 2**20  # one [n, n, depth] per-pair table, else compile only
 T5_BUCKETS, T5_MAX_DISTANCE = 32, 128
 RELATIVE = ("rel_k", "rel_v", "rel_kv", "rel_kv_packed", "naive")
 FIXED = ("plain", "t5", "alibi", "rope")
@@ -91,9 +91,11 @@ def packed_layout(batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
 def model_config(variant: str, max_distance: int, dtype: Any) -> model_config.TransformerConfig:
   """The model config of a benchmark variant: HEADS heads of depth DEPTH, no dropout."""
   position, fields = POSITIONS[variant]
-  values = {**model_config.default_config().to_dict(), "position": position, "num_heads": HEADS,
-            "qkv_dim": HEADS * DEPTH, "emb_dim": HEADS * DEPTH, "attention_dropout_rate": 0.0,
-            "dtype": jnp.dtype(dtype).name, "max_relative_position": max_distance, **fields}
+  values = {
+      **model_config.default_config().to_dict(), "position": position, "num_heads": HEADS,
+      "qkv_dim": HEADS * DEPTH, "emb_dim": HEADS * DEPTH, "attention_dropout_rate": 0.0,
+      "dtype": jnp.dtype(dtype).name, "max_relative_position": max_distance, **fields
+  }
   return model_config.TransformerConfig.from_config(values, vocab_size=2)
 
 
@@ -102,8 +104,7 @@ def build_layer(variant: str, max_distance: int, dtype: Any = jnp.float32,
   """A decoder self-attention layer of `variant`, built by its registered position variant."""
   config = model_config(variant, max_distance, dtype)
   rngs = nnx.Rngs(params=seed)
-  position = variants.get(config.position)(config).self_attention(1, causal=True,
-                                                                  rngs=rngs)[0]
+  position = variants.get(config.position)(config).self_attention(1, causal=True, rngs=rngs)[0]
   return model_lib._attention(config, position, rngs=rngs)  # pylint: disable=protected-access
 
 
@@ -129,7 +130,7 @@ def _projected(layer: attention_lib.MultiHeadAttention, inputs: jax.Array, mask:
 def _naive_attention(query, key, value, terms, mask, arange):
   """Shaw et al. eqs. 3-5 with per-pair tables [q_len, kv_len, depth] (tensor2tensor style)."""
   index = positions.clipped_relative_position_index(arange[0], arange[0], terms.max_distance)
-  query = query * query.shape[-1] ** -0.5
+  query = query * query.shape[-1]**-0.5
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key)  # [b, h, q, k]
   if terms.rel_key is not None:
     logits += jnp.einsum("bqhd,qkd->bhqk", query, terms.rel_key[index])  # [b, h, q, k]
@@ -144,8 +145,7 @@ def _dot_product_attention(query, key, value, terms, mask, arange):
   """`jax.nn.dot_product_attention` (the call a GPU makes), a^K folded into its bias."""
   return fused.bias_attention(query, key, value, rel_key=terms.rel_key,
                               max_distance=terms.max_distance, bias=terms.bias, mask=mask,
-                              query_positions=arange, key_positions=arange,
-                              implementation="xla")
+                              query_positions=arange, key_positions=arange, implementation="xla")
 
 
 def layer_output(variant: str, layer: attention_lib.MultiHeadAttention, inputs: jax.Array,
@@ -166,10 +166,10 @@ def layer_output(variant: str, layer: attention_lib.MultiHeadAttention, inputs: 
   return layer(inputs, mask=layout["mask"])
 
 
-def make_arguments(variant: str, batch: int, length: int, max_distance: int,
-                   dtype: Any = jnp.float32, seed: int = 0
-                   ) -> tuple[attention_lib.MultiHeadAttention, tuple[jax.Array, jax.Array],
-                              dict[str, jax.Array]]:
+def make_arguments(
+    variant: str, batch: int, length: int, max_distance: int, dtype: Any = jnp.float32,
+    seed: int = 0
+) -> tuple[attention_lib.MultiHeadAttention, tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
   """(the layer, (inputs, cotangent) [batch, n, model_dim], layout) for one shape."""
   keys = jax.random.split(jax.random.key(seed), 2)
   tensors = tuple(_normal(k, (batch, length, HEADS * DEPTH), dtype) for k in keys)
@@ -177,14 +177,15 @@ def make_arguments(variant: str, batch: int, length: int, max_distance: int,
   positions_, segments = packed_layout(batch, length)
   segments = jnp.asarray(segments)
   packed_mask = (segments[:, :, None] == segments[:, None, :]) & causal
-  layout = {"mask": causal[None, None], "packed_mask": packed_mask[:, None],
-            "positions": jnp.asarray(positions_)}
+  layout = {
+      "mask": causal[None, None], "packed_mask": packed_mask[:, None],
+      "positions": jnp.asarray(positions_)
+  }
   return build_layer(variant, max_distance, dtype, seed), tensors, layout
 
 
 def fwd_bwd(variant: str, graphdef: nnx.GraphDef) -> Callable[..., Any]:
   """jit((layer state, inputs, cotangent, layout) -> gradients) of one variant's layer."""
-
   def loss(state, inputs, cotangent, layout):
     out = layer_output(variant, nnx.merge(graphdef, state), inputs, layout)
     return jnp.sum(out.astype(jnp.float32) * cotangent.astype(jnp.float32))
@@ -205,9 +206,11 @@ def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
     layers[variant], (inputs, _), layout = make_arguments(variant, 2, length, max_distance)
     out[variant] = layer_output(variant, layers[variant], inputs, layout)
   mask = layout["mask"]
-  result = {name: float(jnp.max(jnp.abs(
-      out[name] - _projected(layers[name], inputs, mask, _naive_attention))))
-            for name in ("rel_kv", "rel_k", "rel_v")}
+  result = {
+      name: float(
+          jnp.max(jnp.abs(out[name] - _projected(layers[name], inputs, mask, _naive_attention)))
+      ) for name in ("rel_kv", "rel_k", "rel_v")
+  }
   _, segments = packed_layout(2, length)
   packed_reference = jnp.zeros_like(out["rel_kv_packed"])
   for segment in range(1, int(segments.max()) + 1):
@@ -217,8 +220,8 @@ def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
                        _naive_attention)
     packed_reference = packed_reference.at[:, part].set(alone)
   real = jnp.asarray(segments > 0)[:, :, None]
-  result["rel_kv_packed"] = float(jnp.max(jnp.abs(
-      jnp.where(real, out["rel_kv_packed"] - packed_reference, 0.0))))
+  result["rel_kv_packed"] = float(
+      jnp.max(jnp.abs(jnp.where(real, out["rel_kv_packed"] - packed_reference, 0.0))))
   for name in FIXED + ("rel_k",):
     reference = _projected(layers[name], inputs, mask, _dot_product_attention)
     key = "rel_k_folded_into_bias" if name == "rel_k" else f"{name}_vs_dot_product_attention"
@@ -228,8 +231,10 @@ def check_variants(length: int = 12, max_distance: int = 3) -> dict[str, float]:
 
 def _record(variant: str, length: int, batch: int, max_distance: int | None,
             stats: dict[str, Any]) -> dict[str, Any]:
-  return {"variant": variant, "n": length, "batch": batch, "heads": HEADS, "depth": DEPTH,
-          "k": max_distance, **stats}
+  return {
+      "variant": variant, "n": length, "batch": batch, "heads": HEADS, "depth": DEPTH,
+      "k": max_distance, **stats
+  }
 
 
 def _naive_fits(length: int) -> bool:
@@ -275,13 +280,15 @@ def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     for variant, max_distance in plan:
       name = f"{variant}/k={max_distance}"
       entry = dict(stats[name], seconds=seconds.get(name))
-      entry["time_ratio"] = (None if entry["seconds"] is None
-                             else entry["seconds"] / seconds["plain/k=None"])
+      entry["time_ratio"] = (None if entry["seconds"] is None else entry["seconds"] /
+                             seconds["plain/k=None"])
       entry["temp_ratio"] = _ratio(entry["temp_bytes"], base["temp_bytes"])
       entry["flops_ratio"] = _ratio(entry["flops"], base["flops"])
       records.append(_record(variant, length, batch, max_distance, entry))
-  return {"records": records, "check": check, "notes": notes, "dtype": jnp.dtype(dtype).name,
-          "heads": HEADS, "depth": DEPTH, "model_dim": HEADS * DEPTH}
+  return {
+      "records": records, "check": check, "notes": notes, "dtype": jnp.dtype(dtype).name,
+      "heads": HEADS, "depth": DEPTH, "model_dim": HEADS * DEPTH
+  }
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -307,5 +314,7 @@ def temp_growth(records: list[dict[str, Any]], variant: str = "rel_kv") -> dict[
     if len(points) >= 2:
       (n0, e0), (n1, e1) = points[-2], points[-1]
       exponents[str(k)] = math.log(e1 / e0) / math.log(n1 / n0)
-  return {"extra_bytes": {f"n={n},k={k}": e for (n, k), (e, _) in sorted(extra.items())},
-          "exponent_per_row": exponents}
+  return {
+      "extra_bytes": {f"n={n},k={k}": e for (n, k), (e, _) in sorted(extra.items())},
+      "exponent_per_row": exponents
+  }

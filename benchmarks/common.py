@@ -54,8 +54,10 @@ def compiled_stats(compiled: jax.stages.Compiled) -> dict[str, float | None]:
   if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
     cost = cost[0] if cost else {}
   flops = (cost or {}).get("flops")
-  return {"temp_bytes": None if memory is None else int(memory.temp_size_in_bytes),
-          "flops": None if flops is None else float(flops)}
+  return {
+      "temp_bytes": None if memory is None else int(memory.temp_size_in_bytes),
+      "flops": None if flops is None else float(flops)
+  }
 
 
 def load() -> list[float]:
@@ -66,11 +68,12 @@ def load() -> list[float]:
 def machine() -> dict[str, Any]:
   """Facts needed to read the numbers: host, CPU count, JAX version and devices."""
   devices = jax.devices()
-  return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "python": platform.python_version(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
-          "devices": [str(d.device_kind) for d in devices],
-          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  return {
+      "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+      "cpu_count": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
+      "backend": jax.default_backend(), "devices": [str(d.device_kind) for d in devices],
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  }
 
 
 def progress(message: str) -> None:

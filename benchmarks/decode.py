@@ -62,12 +62,12 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> list[dict[
     if not use_cache:
       continue
     uncached = seconds[(row, search, False)]
-    records.append({"task": task, "variant": row, "search": search,
-                    "sentences": SENTENCES, "output_length": OUTPUT_LENGTH,
-                    "cached_seconds": value, "uncached_seconds": uncached,
-                    "cached_sentences_per_second": SENTENCES / value,
-                    "uncached_sentences_per_second": SENTENCES / uncached,
-                    "cache_speedup": uncached / value})
+    records.append({
+        "task": task, "variant": row, "search": search, "sentences": SENTENCES,
+        "output_length": OUTPUT_LENGTH, "cached_seconds": value, "uncached_seconds": uncached,
+        "cached_sentences_per_second": SENTENCES / value,
+        "uncached_sentences_per_second": SENTENCES / uncached, "cache_speedup": uncached / value
+    })
   return records
 
 
@@ -77,5 +77,7 @@ def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
   records = []
   for task in QUICK_TASKS if quick else TASKS:
     records += run_task(task, variants=variants, rounds=rounds or (2 if quick else 3))
-  return {"records": records, "sentences": SENTENCES, "source_length": SOURCE_LENGTH,
-          "output_length": OUTPUT_LENGTH}
+  return {
+      "records": records, "sentences": SENTENCES, "source_length": SOURCE_LENGTH,
+      "output_length": OUTPUT_LENGTH
+  }

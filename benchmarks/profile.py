@@ -26,8 +26,7 @@ from benchmarks import common
 from benchmarks import train_step
 
 VARIANTS = ("abs", "rel_kv")
-KINDS = ("matmul", "gather", "scatter", "reduction", "transpose/copy", "dropout RNG",
-         "elementwise")
+KINDS = ("matmul", "gather", "scatter", "reduction", "transpose/copy", "dropout RNG", "elementwise")
 _CONTAINERS = ("conditional", "while", "call")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\([^=]*?\)|\S+) ([\w\-]+)\(")
@@ -38,8 +37,10 @@ _RANDOM_BITS = re.compile(r"\(?u32\[\d")  # unsigned 32-bit arrays: the PRNG's r
 # instruction that applies its dropout mask (and, for the embeddings' dropout, into the
 # embedding lookup); its 20 rounds per pair of words are most of such an instruction's work.
 _HASH_OPERATIONS = {"shift-left", "shift-right-logical", "xor"}
-_DATA_MOVEMENT = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice",
-                  "concatenate", "parameter", "constant", "tuple", "get-tuple-element"}
+_DATA_MOVEMENT = {
+    "copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "concatenate", "parameter",
+    "constant", "tuple", "get-tuple-element"
+}
 
 
 def instruction_kinds(hlo_text: str) -> dict[str, str]:
@@ -78,8 +79,8 @@ def kind(operations: set[str], source: str, result_type: str) -> str:
     source: the JAX operation path it came from (HLO metadata op_name), '' if none.
     result_type: the HLO type of its result, e.g. 'f32[32,48]{1,0}'.
   """
-  if ("_bernoulli" in source or "_uniform" in source or "threefry" in source
-      or _RANDOM_BITS.match(result_type) or _HASH_OPERATIONS <= operations):
+  if ("_bernoulli" in source or "_uniform" in source or "threefry" in source or
+      _RANDOM_BITS.match(result_type) or _HASH_OPERATIONS <= operations):
     return "dropout RNG"
   if operations & {"dot", "convolution"}:
     return "matmul"
@@ -151,6 +152,8 @@ def run(*, quick: bool = False, task: str | None = None) -> dict[str, Any]:
   records = []
   for variant in VARIANTS:
     per_kind = {name: float(np.median([p[name] for p in profiles[variant]])) for name in KINDS}
-    records.append({"variant": variant, "seconds_per_kind": per_kind,
-                    "total": sum(per_kind.values()), "flops": flops[variant]})
+    records.append({
+        "variant": variant, "seconds_per_kind": per_kind, "total": sum(per_kind.values()),
+        "flops": flops[variant]
+    })
   return {"task": task, "steps": steps * rounds, "rounds": rounds, "records": records}

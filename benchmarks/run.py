@@ -25,7 +25,8 @@ from relpos import prng
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
-    "decode": decode.run}
+    "decode": decode.run
+}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The project's targets, as ratios measured side by side.
@@ -55,19 +56,23 @@ def attention_markdown(section: dict[str, Any]) -> list[str]:
   what = ("Forward + backward" if "model_dim" not in section else
           f"One decoder self-attention layer as the model builds it (model dim "
           f"{section['model_dim']}, projections included), forward + backward")
-  lines = [f"{what}, {section['heads']} heads, depth {section['depth']}, "
-           f"{section['dtype']}, causal mask; ratios to `plain` of the same n.", "",
-           "| n | batch | variant | k | time | temp MiB | temp | GFLOP | FLOPs |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  lines = [
+      f"{what}, {section['heads']} heads, depth {section['depth']}, "
+      f"{section['dtype']}, causal mask; ratios to `plain` of the same n.", "",
+      "| n | batch | variant | k | time | temp MiB | temp | GFLOP | FLOPs |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  ]
   for r in section["records"]:
     flops = "–" if r["flops"] is None else f"{r['flops'] / 1e9:.2f}"
     lines.append(f"| {r['n']} | {r['batch']} | {r['variant']} | {r['k'] or '–'} | "
                  f"{_ratio(r['time_ratio'])} | {_mib(r['temp_bytes'])} | "
                  f"{_ratio(r['temp_ratio'])} | {flops} | {_ratio(r['flops_ratio'])} |")
   growth = attention.temp_growth(section["records"])
-  lines += ["", "rel_kv extra temporary memory over plain grows as n^p per row, p fitted between "
-            "the two longest lengths: " + ", ".join(
-                f"k={k}: p={p:.2f}" for k, p in growth["exponent_per_row"].items()) + "."]
+  lines += [
+      "", "rel_kv extra temporary memory over plain grows as n^p per row, p fitted between "
+      "the two longest lengths: " +
+      ", ".join(f"k={k}: p={p:.2f}" for k, p in growth["exponent_per_row"].items()) + "."
+  ]
   lines += [f"- {note}" for note in section["notes"]]
   return lines
 
@@ -75,10 +80,12 @@ def attention_markdown(section: dict[str, Any]) -> list[str]:
 def train_step_markdown(section: dict[str, Any]) -> list[str]:
   lines = []
   for task in section["tasks"]:
-    lines += [f"**{task['task']}** model {task['model']}, batch {task['batch_size']} x "
-              f"{task['length']} tokens, {task['devices']} device(s):", "",
-              "| variant | ms/step | steps/s | time vs abs | FLOPs vs abs | temp MiB |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [
+        f"**{task['task']}** model {task['model']}, batch {task['batch_size']} x "
+        f"{task['length']} tokens, {task['devices']} device(s):", "",
+        "| variant | ms/step | steps/s | time vs abs | FLOPs vs abs | temp MiB |",
+        "| --- | --- | --- | --- | --- | --- |"
+    ]
     for r in task["records"]:
       lines.append(f"| {r['variant']} | {r['seconds'] * 1e3:.1f} | {r['steps_per_second']:.2f} | "
                    f"{_ratio(r['time_ratio'])} | {_ratio(r['flops_ratio'])} | "
@@ -90,27 +97,33 @@ def train_step_markdown(section: dict[str, Any]) -> list[str]:
 
 def profile_markdown(section: dict[str, Any]) -> list[str]:
   base, other = section["records"][0], section["records"][1]
-  lines = [f"Train step of the {section['task']} model under `jax.profiler` (slower than "
-           f"unprofiled), XLA instruction time per kind of work in ms per step: medians of "
-           f"{section['rounds']} rounds, the variants profiled in turns.",
-           "", f"| kind | {base['variant']} | {other['variant']} | extra | extra / "
-           f"{base['variant']} step |", "| --- | --- | --- | --- | --- |"]
+  lines = [
+      f"Train step of the {section['task']} model under `jax.profiler` (slower than "
+      f"unprofiled), XLA instruction time per kind of work in ms per step: medians of "
+      f"{section['rounds']} rounds, the variants profiled in turns.", "",
+      f"| kind | {base['variant']} | {other['variant']} | extra | extra / "
+      f"{base['variant']} step |", "| --- | --- | --- | --- | --- |"
+  ]
   for name in [*profile.KINDS, "total"]:
     a = base["total"] if name == "total" else base["seconds_per_kind"][name]
     b = other["total"] if name == "total" else other["seconds_per_kind"][name]
     lines.append(f"| {name} | {a * 1e3:.2f} | {b * 1e3:.2f} | {(b - a) * 1e3:+.2f} | "
                  f"{(b - a) / base['total']:+.1%} |")
   if base["flops"] and other["flops"]:
-    lines += ["", f"FLOPs (XLA cost analysis) {other['variant']} / {base['variant']}: "
-              f"{other['flops'] / base['flops']:.3f}x."]
+    lines += [
+        "", f"FLOPs (XLA cost analysis) {other['variant']} / {base['variant']}: "
+        f"{other['flops'] / base['flops']:.3f}x."
+    ]
   return lines
 
 
 def decode_markdown(section: dict[str, Any]) -> list[str]:
-  lines = [f"{section['sentences']} sentences of {section['source_length']} tokens, "
-           f"{section['output_length']} output tokens each (eos disabled).", "",
-           "| task | variant | search | cached sent/s | uncached sent/s | cache speedup |",
-           "| --- | --- | --- | --- | --- | --- |"]
+  lines = [
+      f"{section['sentences']} sentences of {section['source_length']} tokens, "
+      f"{section['output_length']} output tokens each (eos disabled).", "",
+      "| task | variant | search | cached sent/s | uncached sent/s | cache speedup |",
+      "| --- | --- | --- | --- | --- | --- |"
+  ]
   for r in section["records"]:
     lines.append(f"| {r['task']} | {r['variant']} | {r['search']} | "
                  f"{r['cached_sentences_per_second']:.1f} | "
@@ -135,32 +148,37 @@ def targets(results: dict[str, Any], backend: str) -> list[tuple[str, str, str]]
     for r in att["records"]:
       if r["variant"] == "rel_kv" and r["n"] == MEMORY_TARGET_LENGTH and r["temp_ratio"]:
         out.append((f"rel_kv temp memory <= {MEMORY_TARGET}x plain (n={r['n']}, k={r['k']})",
-                    "yes" if r["temp_ratio"] <= MEMORY_TARGET else "no",
-                    f"{r['temp_ratio']:.2f}x"))
+                    "yes" if r["temp_ratio"] <= MEMORY_TARGET else "no", f"{r['temp_ratio']:.2f}x"))
   dec = results.get("decode")
   if dec:
     for r in dec["records"]:
       if r["search"] == "beam4":
-        out.append((f"cached beam search >= {CACHE_TARGET}x uncached ({r['task']}, "
-                    f"{r['variant']}, {r['output_length']} tokens)",
-                    "yes" if r["cache_speedup"] >= CACHE_TARGET else "no",
-                    f"{r['cache_speedup']:.1f}x"))
+        out.append(
+            (f"cached beam search >= {CACHE_TARGET}x uncached ({r['task']}, "
+             f"{r['variant']}, {r['output_length']} tokens)",
+             "yes" if r["cache_speedup"] >= CACHE_TARGET else "no", f"{r['cache_speedup']:.1f}x"))
   return out
 
 
 def render(all_results: dict[str, Any]) -> str:
   """`results.md` from the stored results of every backend."""
-  lines = ["# relpos benchmarks", "",
-           "Made by `python -m benchmarks.run` (see `benchmarks/run.py`). Times are medians of "
-           "interleaved repeats in one process; ratios compare variants of the same run.", ""]
-  renderers = {"attention": attention_markdown, "train_step": train_step_markdown,
-               "profile": profile_markdown, "decode": decode_markdown}
+  lines = [
+      "# relpos benchmarks", "",
+      "Made by `python -m benchmarks.run` (see `benchmarks/run.py`). Times are medians of "
+      "interleaved repeats in one process; ratios compare variants of the same run.", ""
+  ]
+  renderers = {
+      "attention": attention_markdown, "train_step": train_step_markdown,
+      "profile": profile_markdown, "decode": decode_markdown
+  }
   for backend, results in sorted(all_results.items()):
     machine = results["machine"]
-    lines += [f"## {backend}: {', '.join(sorted(set(machine['devices'])))}", "",
-              f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
-              f"{machine['date']}; load average at the end {results.get('load')}.", "",
-              "| target | met | measured |", "| --- | --- | --- |"]
+    lines += [
+        f"## {backend}: {', '.join(sorted(set(machine['devices'])))}", "",
+        f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
+        f"{machine['date']}; load average at the end {results.get('load')}.", "",
+        "| target | met | measured |", "| --- | --- | --- |"
+    ]
     lines += [f"| {t} | {met} | {value} |" for t, met, value in targets(results, backend)]
     lines.append("")
     for name, render_section in renderers.items():

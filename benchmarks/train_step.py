@@ -80,8 +80,8 @@ def compiled_step(row: str, task: str) -> CompiledStep:
   config = _config(row, task)
   model_config = run_config.validate(config).model
   steps = steps_lib.Steps(device_mesh.make_mesh(), model_config, config.train)
-  batch = steps.global_batch(packed_batch(config.train.batch_size, config.task.max_length,
-                                          model_config.vocab_size))
+  batch = steps.global_batch(
+      packed_batch(config.train.batch_size, config.task.max_length, model_config.vocab_size))
   state = steps.init(config.seed)
   return CompiledStep(steps.train.lower(state, batch).compile(), state, batch, config)
 
@@ -115,23 +115,33 @@ def run_task(task: str, *, variants: tuple[str, ...], rounds: int) -> dict[str, 
   seconds = common.interleaved_medians(calls, rounds=rounds, warmup=2)
   records = []
   for row in variants:
-    records.append({"variant": row, "seconds": seconds[row], "steps_per_second": 1 / seconds[row],
-                    "time_ratio": seconds[row] / seconds["abs"],
-                    "flops_ratio": stats[row]["flops"] / stats["abs"]["flops"]
-                    if stats[row]["flops"] and stats["abs"]["flops"] else None, **stats[row]})
-  model = {k: v for k, v in config.model.items()
-           if k in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_encoder_layers",
-                    "num_decoder_layers", "max_relative_position", "dtype")}
-  return {"task": task, "batch_size": config.train.batch_size, "length": config.task.max_length,
-          "model": model, "devices": len(jax.devices()), "records": records}
+    records.append({
+        "variant": row, "seconds": seconds[row], "steps_per_second": 1 / seconds[row],
+        "time_ratio": seconds[row] / seconds["abs"],
+        "flops_ratio": stats[row]["flops"] / stats["abs"]["flops"]
+                       if stats[row]["flops"] and stats["abs"]["flops"] else None, **stats[row]
+    })
+  model = {
+      k: v
+      for k, v in config.model.items()
+      if k in ("emb_dim", "num_heads", "qkv_dim", "mlp_dim", "num_encoder_layers",
+               "num_decoder_layers", "max_relative_position", "dtype")
+  }
+  return {
+      "task": task, "batch_size": config.train.batch_size, "length": config.task.max_length,
+      "model": model, "devices": len(jax.devices()), "records": records
+  }
 
 
 def run(*, quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
   """Train-step benchmark of both models; see `run_task`."""
   variants = QUICK_VARIANTS if quick else VARIANTS
   sizes = batch_sizes()
-  results = [run_task(task, variants=variants, rounds=rounds or (3 if quick else 7))
-             for task in sizes]
-  notes = [f"{task}: batch {rows} rows instead of the config's (CPU time); ratios between "
-           f"variants are what is compared." for task, rows in sizes.items() if rows]
+  results = [
+      run_task(task, variants=variants, rounds=rounds or (3 if quick else 7)) for task in sizes
+  ]
+  notes = [
+      f"{task}: batch {rows} rows instead of the config's (CPU time); ratios between "
+      f"variants are what is compared." for task, rows in sizes.items() if rows
+  ]
   return {"tasks": results, "notes": notes}

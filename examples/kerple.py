@@ -17,7 +17,6 @@ from relpos import variants
 
 class KerpleBias(variants.AttentionPosition):
   """One KERPLE-log bias: parameters log_r1, log_r2 [heads]."""
-
   def __init__(self, num_heads: int):
     self.num_heads = num_heads
     self.log_r1 = nnx.Param(jnp.zeros((num_heads,)))
@@ -27,8 +26,7 @@ class KerpleBias(variants.AttentionPosition):
     if num_heads != self.num_heads:
       raise ValueError(f"KERPLE has {self.num_heads} heads; the layer has {num_heads}.")
 
-  def terms(self, query_positions: jax.Array,
-            key_positions: jax.Array) -> variants.AttentionTerms:
+  def terms(self, query_positions: jax.Array, key_positions: jax.Array) -> variants.AttentionTerms:
     distance = jnp.abs(positions.relative_positions(query_positions, key_positions))  # [b, q, k]
     r1 = jnp.exp(self.log_r1[...])[:, None, None]  # [heads, 1, 1]
     r2 = jnp.exp(self.log_r2[...])[:, None, None]
@@ -39,11 +37,12 @@ class KerpleBias(variants.AttentionPosition):
 @variants.register("kerple")
 class Kerple(variants.Variant):
   """KERPLE-log in encoder and decoder self-attention."""
-  fields = {"kerple_shared_across_layers": fields.Field(
-      False, fields.BOOLEAN, "one bias for every layer of both stacks (default: one per layer)")}
+  fields = {
+      "kerple_shared_across_layers": fields.Field(
+          False, fields.BOOLEAN, "one bias for every layer of both stacks (default: one per layer)")
+  }
 
-  def self_attention(self, num_layers: int, *, causal: bool,
-                     rngs: nnx.Rngs) -> list[KerpleBias]:
+  def self_attention(self, num_layers: int, *, causal: bool, rngs: nnx.Rngs) -> list[KerpleBias]:
     del causal, rngs  # the decoder's mask hides later keys; no random initialization
     if self.config.kerple_shared_across_layers:
       if not hasattr(self, "shared"):

@@ -34,7 +34,6 @@ class MultiHeadAttention(nnx.Module):
   inputs and the decode cache (the logits and softmax stay float32). `implementation` chooses
   the kernel ('auto', 'xla', 'cudnn'; see `relpos.kernels.relative`).
   """
-
   def __init__(self, num_heads: int, model_dim: int, *, qkv_dim: int,
                position: variants.AttentionPosition | None = None, dropout_rate: float = 0.0,
                dtype: Any = jnp.float32, implementation: str = "auto", rngs: nnx.Rngs):
@@ -84,13 +83,14 @@ class MultiHeadAttention(nnx.Module):
       query, key = self.position.queries_and_keys(query, key, query_positions, key_positions)
     return query, key, value
 
-  def _position_terms(self, query_positions: jax.Array,
-                      key_positions: jax.Array) -> dict[str, Any]:
+  def _position_terms(self, query_positions: jax.Array, key_positions: jax.Array) -> dict[str, Any]:
     """Keyword arguments of the kernel carrying the position terms and positions."""
-    terms = (variants.AttentionTerms() if self.position is None
-             else self.position.terms(query_positions, key_positions))
-    return {**terms.kernel_arguments(), "query_positions": query_positions,
-            "key_positions": key_positions}
+    terms = (variants.AttentionTerms() if self.position is None else self.position.terms(
+        query_positions, key_positions))
+    return {
+        **terms.kernel_arguments(), "query_positions": query_positions,
+        "key_positions": key_positions
+    }
 
   def _positions(self, inputs_q: jax.Array, inputs_kv: jax.Array | None,
                  query_positions: jax.Array | None,
@@ -157,14 +157,13 @@ class MultiHeadAttention(nnx.Module):
     dropout = not deterministic and self.dropout_rate > 0.0
     out = kernel.relative_dot_product_attention(
         query, key, value, mask=mask, dropout_rate=self.dropout_rate,
-        dropout_rng=self.dropout_rngs() if dropout else None,
-        implementation=self.implementation,
+        dropout_rng=self.dropout_rngs() if dropout else None, implementation=self.implementation,
         **self._position_terms(query_positions, key_positions))
     return self.out(out)
 
-  def _decode_step(self, inputs_q: jax.Array, inputs_kv: jax.Array | None,
-                   mask: jax.Array | None, query_positions: jax.Array | None,
-                   key_positions: jax.Array | None, deterministic: bool, cache: Cache,
+  def _decode_step(self, inputs_q: jax.Array, inputs_kv: jax.Array | None, mask: jax.Array | None,
+                   query_positions: jax.Array | None, key_positions: jax.Array | None,
+                   deterministic: bool, cache: Cache,
                    cache_index: jax.Array | int | None) -> tuple[jax.Array, Cache]:
     """One cached self-attention step: the query sits at position cache_index."""
     if inputs_kv is not None:
@@ -183,10 +182,11 @@ class MultiHeadAttention(nnx.Module):
     key_positions = jnp.arange(max_len, dtype=jnp.int32)[None]
     query, key, value = self._project(inputs_q, inputs_q, query_positions, query_positions)
     start = (0, cache_index, 0, 0)
-    cache = {"key": jax.lax.dynamic_update_slice(cache["key"], key.astype(cache["key"].dtype),
-                                                 start),
-             "value": jax.lax.dynamic_update_slice(cache["value"],
-                                                   value.astype(cache["value"].dtype), start)}
+    cache = {
+        "key": jax.lax.dynamic_update_slice(cache["key"], key.astype(cache["key"].dtype), start),
+        "value": jax.lax.dynamic_update_slice(cache["value"], value.astype(cache["value"].dtype),
+                                              start)
+    }
     visible = (key_positions <= cache_index)[:, None, None, :]
     mask = visible if mask is None else jnp.logical_and(mask, visible)
     out = self._attend(query, cache["key"], cache["value"], mask, query_positions, key_positions,

@@ -78,12 +78,14 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp
       checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
                                 keep_checkpoints_without_metrics=False),
   ])
-  options = ocp.CheckpointManagerOptions(
-      best_fn=best_metric, best_mode="max", preservation_policy=policy, read_only=read_only,
-      save_interval_steps=0 if read_only else 1, create=not read_only,
-      cleanup_tmp_directories=not read_only)
-  handlers = {"state": ocp.StandardCheckpointHandler(),
-              "data": grain_checkpoint.CheckpointHandler()}
+  options = ocp.CheckpointManagerOptions(best_fn=best_metric, best_mode="max",
+                                         preservation_policy=policy, read_only=read_only,
+                                         save_interval_steps=0 if read_only else 1,
+                                         create=not read_only,
+                                         cleanup_tmp_directories=not read_only)
+  handlers = {
+      "state": ocp.StandardCheckpointHandler(), "data": grain_checkpoint.CheckpointHandler()
+  }
   return ocp.CheckpointManager(directory, item_handlers=handlers, options=options)
 
 
@@ -103,6 +105,7 @@ def keys_to_data(tree: PyTree) -> PyTree:
       data = jax.eval_shape(jax.random.key_data, x)
       return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=x.sharding)
     return jax.random.key_data(x)
+
   return jax.tree.map(convert, tree)
 
 
@@ -148,13 +151,12 @@ def wait(manager: ocp.CheckpointManager) -> None:
     raise save_failed(manager, in_flight, e) from e
 
 
-def save_failed(manager: ocp.CheckpointManager, step: int | None,
-                error: BaseException) -> OSError:
+def save_failed(manager: ocp.CheckpointManager, step: int | None, error: BaseException) -> OSError:
   """The error of a failed save: one line naming the checkpoint folder, the step, the cause
   (`short_cause`: a full disk's errno and file) and the last checkpoint kept."""
   saved = sorted(set(manager.all_steps()) - {step})
-  kept = (f"the last complete checkpoint is step {saved[-1]}" if saved
-          else "no checkpoint was saved before it")
+  kept = (f"the last complete checkpoint is step {saved[-1]}"
+          if saved else "no checkpoint was saved before it")
   return OSError(f"saving the checkpoint of step {step} in {manager.directory} failed: "
                  f"{short_cause(error).rstrip('.')}; {kept}: make room (or fix the folder) and "
                  "run the same command again to resume.")
@@ -250,8 +252,8 @@ def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
                            "first one after train.checkpoint_every_steps steps).")
 
 
-def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int], Restored]
-                   ) -> tuple[int, Restored, list[int]]:
+def restore_newest(manager: ocp.CheckpointManager,
+                   restore_step: Callable[[int], Restored]) -> tuple[int, Restored, list[int]]:
   """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones.
 
   A checkpoint whose folder vanishes while it is read (removed by a run training in the
@@ -278,12 +280,13 @@ def restore_newest(manager: ocp.CheckpointManager, restore_step: Callable[[int],
         damaged[candidates[0]] = str(e)
         logging.warning("%s Trying the checkpoint before it.", e)
       else:
-        logging.warning("Checkpoint %s was deleted while it was read (by the run training "
-                        "there); trying the one before it.", step_dir(manager, candidates[0]))
+        logging.warning(
+            "Checkpoint %s was deleted while it was read (by the run training "
+            "there); trying the one before it.", step_dir(manager, candidates[0]))
       manager.reload()
   if damaged:
-    raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: "
-                                 + " ".join(damaged.values()))
+    raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: " +
+                                 " ".join(damaged.values()))
   raise _none_ready(manager)
 
 
@@ -351,10 +354,12 @@ def check_architecture(manager: ocp.CheckpointManager, step: int, abstract_param
     DamagedCheckpointError: the metadata cannot be read.
   """
   saved = _saved_tree(manager, step)["params"]
-  saved_shapes = {_path_str(p): tuple(m.shape)
-                  for p, m in jax.tree_util.tree_leaves_with_path(saved)}
-  wanted = {_path_str(p): tuple(a.shape)
-            for p, a in jax.tree_util.tree_leaves_with_path(abstract_params)}
+  saved_shapes = {
+      _path_str(p): tuple(m.shape) for p, m in jax.tree_util.tree_leaves_with_path(saved)
+  }
+  wanted = {
+      _path_str(p): tuple(a.shape) for p, a in jax.tree_util.tree_leaves_with_path(abstract_params)
+  }
   where = os.path.join(str(manager.directory), str(step))
   for name, shape in wanted.items():
     if name not in saved_shapes:
@@ -374,8 +379,7 @@ def _with_sharding(tree: PyTree, sharding: jax.sharding.Sharding) -> PyTree:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
-def _as_saved(manager: ocp.CheckpointManager, step: int, sharding: jax.sharding.Sharding
-              ) -> PyTree:
+def _as_saved(manager: ocp.CheckpointManager, step: int, sharding: jax.sharding.Sharding) -> PyTree:
   """Restore target of the state saved at `step`: its own shapes and dtypes, laid out with
   `sharding` (never the saved layout, whose devices this process may not have)."""
   return _with_sharding(_saved_tree(manager, step), sharding)
@@ -411,8 +415,8 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
   target.update(params=_with_sharding(params, sharding),
                 rng=keys_to_data(_with_sharding(rng, sharding)))
   with _reading(manager, step):
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target)))
+    restored = manager.restore(step,
+                               args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   return nnx.merge(graphdef, restored["state"]["params"],
                    data_to_keys(restored["state"]["rng"], rng))
 
@@ -439,7 +443,7 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
   check_files(manager, step, with_data=True)
   check_architecture(manager, step, abstract_state["params"])
   with _reading(manager, step):
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
-        data=grain_checkpoint.CheckpointRestore(data_iterator)))
+    restored = manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
+                                      data=grain_checkpoint.CheckpointRestore(data_iterator)))
   return data_to_keys(restored["state"], abstract_state)

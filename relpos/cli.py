@@ -37,7 +37,6 @@ class LibraryNoiseFilter(python_logging.Filter):
   an OSError or ValueError with its traceback: a failed background save, which Orbax logs from
   each thread it passes through and raises where relpos waits for it, as one line naming the
   checkpoint and step (`relpos.checkpoints.wait`)."""
-
   def filter(self, record: python_logging.LogRecord) -> bool:
     parts = record.pathname.split(os.sep)
     if not any(p in parts for p in QUIET_PACKAGES):
@@ -56,11 +55,10 @@ class UnretrievedReadFilter(python_logging.Filter):
   raised in Orbax's code: the sibling reads of a checkpoint read that failed (a checkpoint that
   training deleted while `eval.py` read it), whose first error Orbax raised and relpos handled
   (`relpos.checkpoints.restore_newest`). Each carried a tensorstore spec of 1,000 characters."""
-
   def filter(self, record: python_logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    if not (isinstance(error, (OSError, ValueError))
-            and str(record.msg).startswith("Task exception was never retrieved")):
+    if not (isinstance(error, (OSError, ValueError)) and
+            str(record.msg).startswith("Task exception was never retrieved")):
       return True
     files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
     return not any(f"{os.sep}orbax{os.sep}" in name for name in files)
@@ -89,8 +87,11 @@ def _one_line(error: Exception) -> str:
 def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> str:
   """The message for a config override naming a field the config does not have."""
   field = str(error).strip("\"'")
-  given = [arg.split("=")[0] for arg in argv[1:]
-           if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]]
+  given = [
+      arg.split("=")[0]
+      for arg in argv[1:]
+      if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]
+  ]
   return f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
 
 
@@ -138,8 +139,8 @@ def define_config_flag(default: str) -> flags.FlagHolder:
   --config.<field>=value). Its default is loaded here, with the overrides of the command line,
   so their mistakes are one line here too."""
   with _mistakes_as_one_line(sys.argv):
-    return config_flags.DEFINE_config_file(
-        "config", default, "Config file (configs/*.py[:args]).", lock_config=True)
+    return config_flags.DEFINE_config_file("config", default, "Config file (configs/*.py[:args]).",
+                                           lock_config=True)
 
 
 def define_overrides_flag(config: ml_collections.ConfigDict, help_text: str) -> flags.FlagHolder:

@@ -37,7 +37,7 @@ TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 def length_penalty(length: jax.Array | int, alpha: float) -> jax.Array:
   """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016)."""
-  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0)**alpha
 
 
 def _gather_beams(x: jax.Array, indices: jax.Array) -> jax.Array:
@@ -91,8 +91,8 @@ def _forbid_undecodable(scores: jax.Array, output_vocab_size: int | None) -> jax
   return jnp.where(decodable, scores, -jnp.inf)
 
 
-def _bound_length(scores: jax.Array, step: jax.Array, eos_id: int,
-                  min_len: jax.Array | None, max_len: jax.Array | None) -> jax.Array:
+def _bound_length(scores: jax.Array, step: jax.Array, eos_id: int, min_len: jax.Array | None,
+                  max_len: jax.Array | None) -> jax.Array:
   """scores [n, vocab] of the token at position `step`, with eos set to -inf where the output
   would be shorter than min_len [n] and every other token set to -inf where it reaches
   max_len [n] (lengths in tokens, eos included); unchanged where a bound is None."""
@@ -106,10 +106,9 @@ def _bound_length(scores: jax.Array, step: jax.Array, eos_id: int,
 
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
-                beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
-                max_decode_len: int, output_vocab_size: int | None = None,
-                min_len: jax.Array | None = None, max_len: jax.Array | None = None
-                ) -> tuple[jax.Array, jax.Array]:
+                beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1, max_decode_len: int,
+                output_vocab_size: int | None = None, min_len: jax.Array | None = None,
+                max_len: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty and early stopping.
 
   Args:
@@ -152,8 +151,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
                      finished_scores=no_scores, cache=cache)
   best_possible_penalty = length_penalty(max_decode_len, alpha)
   # Bounds per hypothesis row [batch * beam_size] (row r is input r // beam_size).
-  tile = lambda bound: None if bound is None else jnp.repeat(
-      jnp.asarray(bound, jnp.int32), beam_size)
+  tile = lambda bound: None if bound is None else jnp.repeat(jnp.asarray(bound, jnp.int32),
+                                                             beam_size)
   row_min_len, row_max_len = tile(min_len), tile(max_len)
 
   def not_done(state: _BeamState) -> jax.Array:
@@ -170,8 +169,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     vocab_size = logits.shape[-1]
     log_probs = _forbid_undecodable(jax.nn.log_softmax(logits.astype(jnp.float32)),
                                     output_vocab_size)
-    log_probs = _bound_length(log_probs, step, eos_id, row_min_len, row_max_len
-                              ).reshape(*shape, vocab_size)
+    log_probs = _bound_length(log_probs, step, eos_id, row_min_len,
+                              row_max_len).reshape(*shape, vocab_size)
     candidates = (state.alive_log_probs[..., None] + log_probs).reshape(batch_size, -1)
     # 2k candidates always hold k that do not end here (at most k of them end with eos).
     top_log_probs, top_index = jax.lax.top_k(candidates, 2 * beam_size)
@@ -179,15 +178,13 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     top_sequences = _gather_beams(state.alive_sequences, top_beam).at[:, :, step].set(top_token)
     ends = (top_token == eos_id) | (step == max_decode_len - 1)
 
-    alive_log_probs, alive_pick = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs),
-                                                beam_size)
+    alive_log_probs, alive_pick = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs), beam_size)
     new_scores = jnp.where(ends, top_log_probs / length_penalty(step + 1, alpha), -jnp.inf)
     finished_scores, finished_pick = jax.lax.top_k(
         jnp.concatenate([state.finished_scores, new_scores], axis=1), beam_size)
     finished_sequences = _gather_beams(
         jnp.concatenate([state.finished_sequences, top_sequences], axis=1), finished_pick)
-    return _BeamState(step=step + 1,
-                      alive_sequences=_gather_beams(top_sequences, alive_pick),
+    return _BeamState(step=step + 1, alive_sequences=_gather_beams(top_sequences, alive_pick),
                       alive_log_probs=alive_log_probs, finished_sequences=finished_sequences,
                       finished_scores=finished_scores,
                       cache=_gather_cache(cache, _gather_beams(top_beam, alive_pick)))
@@ -205,10 +202,9 @@ class _GreedyState(NamedTuple):
   cache: Any
 
 
-def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int,
-                  eos_id: int = 1, max_decode_len: int, output_vocab_size: int | None = None,
-                  min_len: jax.Array | None = None, max_len: jax.Array | None = None
-                  ) -> jax.Array:
+def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int, eos_id: int = 1,
+                  max_decode_len: int, output_vocab_size: int | None = None,
+                  min_len: jax.Array | None = None, max_len: jax.Array | None = None) -> jax.Array:
   """Greedy decoding: the argmax token at every step until eos (or max_decode_len).
 
   Args:
@@ -228,9 +224,9 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
     ValueError: on batch_size or max_decode_len < 1, or output_vocab_size <= eos_id.
   """
   _check_search_args(batch_size, max_decode_len, eos_id, output_vocab_size)
-  state = _GreedyState(step=jnp.array(0, jnp.int32),
-                       sequences=jnp.zeros((batch_size, max_decode_len), jnp.int32),
-                       finished=jnp.zeros((batch_size,), bool), cache=cache)
+  state = _GreedyState(step=jnp.array(0, jnp.int32), sequences=jnp.zeros(
+      (batch_size, max_decode_len), jnp.int32), finished=jnp.zeros((batch_size,), bool),
+                       cache=cache)
 
   def not_done(state: _GreedyState) -> jax.Array:
     return (state.step < max_decode_len) & ~jnp.all(state.finished)
@@ -266,8 +262,9 @@ def _prefix_tokens_to_logits(model: nnx.Module, encoded: jax.Array,
   return tokens_to_logits
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "beam_size", "alpha", "max_decode_len",
-                                             "eos_id", "use_cache", "output_vocab_size"))
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "beam_size", "alpha", "max_decode_len", "eos_id",
+                              "use_cache", "output_vocab_size"))
 def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, beam_size: int,
                alpha: float, max_decode_len: int, eos_id: int, use_cache: bool,
                output_vocab_size: int | None, min_len: jax.Array | None,
@@ -278,6 +275,7 @@ def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, b
   tile = functools.partial(jnp.repeat, repeats=beam_size, axis=0)
   encoded, inputs = tile(model.encode(inputs)), tile(inputs)
   if use_cache:
+
     def tokens_to_logits(tokens: jax.Array, step: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
       return model.decode_step(encoded, inputs, tokens, step, cache)
 
@@ -290,10 +288,9 @@ def _translate(graphdef: nnx.GraphDef, state: nnx.State, inputs: jax.Array, *, b
     return greedy_search(tokens_to_logits, cache, batch_size=batch_size, eos_id=eos_id,
                          max_decode_len=max_decode_len, output_vocab_size=output_vocab_size,
                          **bounds)
-  sequences, _ = beam_search(tokens_to_logits, cache, batch_size=batch_size,
-                             beam_size=beam_size, alpha=alpha, eos_id=eos_id,
-                             max_decode_len=max_decode_len, output_vocab_size=output_vocab_size,
-                             **bounds)
+  sequences, _ = beam_search(tokens_to_logits, cache, batch_size=batch_size, beam_size=beam_size,
+                             alpha=alpha, eos_id=eos_id, max_decode_len=max_decode_len,
+                             output_vocab_size=output_vocab_size, **bounds)
   return sequences[:, 0]
 
 

@@ -27,8 +27,7 @@ def initialize(multihost: str) -> None:
   if not multihost:
     return
   parts = multihost.split(",")
-  if multihost != "auto" and (len(parts) != 3 or not parts[1].isdigit()
-                              or not parts[2].isdigit()):
+  if multihost != "auto" and (len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit()):
     raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
                      "'<host:port>,<num_processes>,<process_id>'.")
   for stream in (sys.stdout, sys.stderr):

@@ -46,6 +46,8 @@ LENGTH_BUCKET = 16
 # The longest source (in tokens, with its EOS) an input file may hold: its batch's attention
 # logits are then at most eval_batch_size * heads * 2048^2 floats a layer (4 GB at 64 x 4).
 MAX_SOURCE_TOKENS = 2048
+
+
 def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
                    model_max_len: int) -> int:
   """Decode budget of a batch whose sources have at most `source_length` tokens."""
@@ -54,8 +56,8 @@ def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
   return min(2 * source_length + 10, model_max_len)
 
 
-def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], batch_size: int
-                   ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
+                   batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Tokenized sources in batches of similar length; none dropped or truncated.
 
   Args:
@@ -113,14 +115,16 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
       rows["lengths"] = np.array([lengths[i] if i >= 0 else 1 for i in example_index], np.int32)
       longest = -(-int(rows["lengths"].max()) // LENGTH_BUCKET) * LENGTH_BUCKET  # few compiles
       budget = max(budget, min(longest, config.model.max_len))
-    local = {k: jax.make_array_from_process_local_data(sharding, v)
-             for k, v in device_mesh.process_rows(rows).items()}
+    local = {
+        k: jax.make_array_from_process_local_data(sharding, v)
+        for k, v in device_mesh.process_rows(rows).items()
+    }
     bounds = ({"min_len": local["lengths"], "max_len": local["lengths"]}
               if lengths is not None else {})
-    tokens = decode.translate(
-        model, local["inputs"], beam_size=config.decode.beam_size, alpha=config.decode.alpha,
-        max_decode_len=budget, eos_id=tokenizer_lib.EOS_ID,
-        output_vocab_size=tokenizer.vocab_size, **bounds)
+    tokens = decode.translate(model, local["inputs"], beam_size=config.decode.beam_size,
+                              alpha=config.decode.alpha, max_decode_len=budget,
+                              eos_id=tokenizer_lib.EOS_ID, output_vocab_size=tokenizer.vocab_size,
+                              **bounds)
     tokens = np.asarray(multihost_utils.process_allgather(tokens, tiled=True))
     for i, row in zip(example_index, tokens):
       if i >= 0:
@@ -140,24 +144,24 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any
   hypotheses, references = list(hypotheses), [list(references)]
   bleu, lowercase = sacrebleu_metrics.BLEU(), sacrebleu_metrics.BLEU(lowercase=True)
   chrf = sacrebleu_metrics.CHRF()
-  return {"bleu": bleu.corpus_score(hypotheses, references).score,
-          "signature": str(bleu.get_signature()),
-          "bleu_lowercase": lowercase.corpus_score(hypotheses, references).score,
-          "lowercase_signature": str(lowercase.get_signature()),
-          "chrf": chrf.corpus_score(hypotheses, references).score,
-          "chrf_signature": str(chrf.get_signature()),
-          "num_sentences": len(hypotheses)}
+  return {
+      "bleu": bleu.corpus_score(hypotheses,
+                                references).score, "signature": str(bleu.get_signature()),
+      "bleu_lowercase": lowercase.corpus_score(hypotheses, references).score,
+      "lowercase_signature": str(lowercase.get_signature()),
+      "chrf": chrf.corpus_score(hypotheses, references).score,
+      "chrf_signature": str(chrf.get_signature()), "num_sentences": len(hypotheses)
+  }
 
 
-def score_split(model: nnx.Module, task: pipeline.Task, split: str,
-                config: run_config.RunConfig, *, mesh: Mesh) -> dict[str, Any]:
+def score_split(model: nnx.Module, task: pipeline.Task, split: str, config: run_config.RunConfig, *,
+                mesh: Mesh) -> dict[str, Any]:
   """Translates a whole split (decode.* of `config`) and scores it against its references.
 
   Returns:
     `score`'s dict plus "translations" (list of str, in split order).
   """
-  translations = translate_texts(model, task.tokenizer, task.source_texts(split), config,
-                                 mesh=mesh)
+  translations = translate_texts(model, task.tokenizer, task.source_texts(split), config, mesh=mesh)
   return {**score(translations, task.target_texts(split)), "translations": translations}
 
 
@@ -223,8 +227,8 @@ def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDic
   train.checkpoint_every_steps or train.eval_every_steps, and train.num_steps), in order: a
   checkpoint saved on SIGTERM in between is left out, so that `average:N` of a resumed run is
   that of the run never stopped."""
-  return sorted(s for s in steps if s % train_config.checkpoint_every_steps == 0
-                or s % train_config.eval_every_steps == 0 or s == train_config.num_steps)
+  return sorted(s for s in steps if s % train_config.checkpoint_every_steps == 0 or s %
+                train_config.eval_every_steps == 0 or s == train_config.num_steps)
 
 
 def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | int,
@@ -268,8 +272,8 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
   return model, step
 
 
-def _file_sentences(input_file: str, reference_file: str | None
-                    ) -> tuple[list[str], list[str] | None]:
+def _file_sentences(input_file: str,
+                    reference_file: str | None) -> tuple[list[str], list[str] | None]:
   """(sources, references or None) of an input file and its optional reference file."""
   sources = read_sentences(input_file)
   if reference_file is None:
@@ -299,8 +303,7 @@ def _check_writable(output_dir: str) -> None:
                   "--output_dir.") from None
 
 
-def output_name(what: str, checkpoint: str | int, step: int, beam_size: int,
-                alpha: float) -> str:
+def output_name(what: str, checkpoint: str | int, step: int, beam_size: int, alpha: float) -> str:
   """The name (without .txt / .json) of an evaluation's outputs:
   `<what>[.<choice>].step<step>.beam<beam>.alpha<alpha>`.
 
@@ -398,21 +401,25 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     _check_writable(output_dir)
   mesh = device_mesh.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
-  identity = {"workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
-              "split": split, "input_file": input_file and os.path.abspath(input_file),
-              "reference_file": reference_file and os.path.abspath(reference_file),
-              "beam_size": config.decode.beam_size, "alpha": config.decode.alpha}
+  identity = {
+      "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
+      "split": split, "input_file": input_file and os.path.abspath(input_file),
+      "reference_file": reference_file and os.path.abspath(reference_file),
+      "beam_size": config.decode.beam_size, "alpha": config.decode.alpha
+  }
   what = split if split is not None else "input-" + os.path.basename(input_file)
-  stem = output_stem(output_dir, output_name(what, checkpoint, step, config.decode.beam_size,
-                                             config.decode.alpha), identity)
+  stem = output_stem(
+      output_dir, output_name(what, checkpoint, step, config.decode.beam_size, config.decode.alpha),
+      identity)
   if split is not None:
     scores = score_split(model, task, split, config, mesh=mesh)
     translations = scores.pop("translations")
   else:
     translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
     scores = {} if references is None else score(translations, references)
-  results = {**identity, "num_sentences": len(translations),
-             "translations_file": stem + ".txt", **scores}
+  results = {
+      **identity, "num_sentences": len(translations), "translations_file": stem + ".txt", **scores
+  }
   _write_outputs(stem, translations, results)
   return results
 

@@ -86,12 +86,14 @@ def number(minimum: float, maximum: float = math.inf, *, open_min: bool = False,
            open_max: bool = False) -> Rule:
   """A finite number in an interval, closed unless `open_min` / `open_max`."""
   low, high = "(" if open_min else "[", ")" if open_max or maximum == math.inf else "]"
+
   def check(v: Any) -> bool:
     if not _is_number(v):
       return False
     above = v > minimum if open_min else v >= minimum
     below = v < maximum if open_max else v <= maximum
     return above and below
+
   return Rule(f"a number in {low}{minimum}, {maximum}{high}", check)
 
 
@@ -133,8 +135,9 @@ def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str
     if name in values:
       resolved[name] = values[name]
     else:
-      logging.warning("config field %s is missing (a config written before it existed): "
-                      "using %r.", path(name), field.value_when_absent)
+      logging.warning(
+          "config field %s is missing (a config written before it existed): "
+          "using %r.", path(name), field.value_when_absent)
       resolved[name] = field.value_when_absent
     if not field.rule.check(resolved[name]):
       raise invalid(path(name), resolved[name], field.rule.allowed)

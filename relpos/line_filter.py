@@ -26,8 +26,8 @@ def drop_lines(data: bytes, held: bytes, at_line_start: bool,
   while start < len(text):
     end = text.find(b"\n", start)
     line = text[start:] if end < 0 else text[start:end + 1]
-    if at_line_start and end < 0 and any(line.startswith(p) or p.startswith(line)
-                                         for p in prefixes):
+    if at_line_start and end < 0 and any(
+        line.startswith(p) or p.startswith(line) for p in prefixes):
       return bytes(out), line, True
     if not (at_line_start and any(line.startswith(p) for p in prefixes)):
       out += line
@@ -40,7 +40,6 @@ class LineFilter:
   """Drops, from everything written to a stream's file descriptor (by C++ code too), the lines
   that start with one of `prefixes`: the descriptor becomes a pipe that a thread copies to the
   original through `drop_lines`. At exit the original is put back and the pipe drained."""
-
   def __init__(self, stream: TextIO, prefixes: Sequence[bytes]):
     self._stream = stream
     self._fd = stream.fileno()

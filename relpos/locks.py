@@ -46,10 +46,12 @@ def _try_lock(path: str):
 
 
 @contextlib.contextmanager
-def hold(folder: str, *, lock_file: str = workdir_files.LOCK_FILE, wait: bool = False,
-         what: str = "workdir",
-         busy: str = "wait for that run to end (or stop it) before resuming, or pass another "
-                     "--workdir") -> Iterator[None]:
+def hold(
+    folder: str, *, lock_file: str = workdir_files.LOCK_FILE, wait: bool = False,
+    what: str = "workdir",
+    busy: str = "wait for that run to end (or stop it) before resuming, or pass another "
+    "--workdir"
+) -> Iterator[None]:
   """Holds the lock `folder/lock_file` (in an existing folder) for the duration of the block.
 
   Args:

@@ -83,8 +83,10 @@ def record_start(workdir: str, step: int, commit: str) -> None:
   host) to `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
-  record = {"started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
-            "commit": commit, "host": socket.gethostname()}
+  record = {
+      "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
+      "commit": commit, "host": socket.gethostname()
+  }
   with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n")
 
@@ -103,7 +105,6 @@ class MetricsWriter:
 
   A context manager: leaving it closes the TensorBoard writer.
   """
-
   def __init__(self, workdir: str, *, resume_step: int):
     """Opens the writers.
 
@@ -127,8 +128,9 @@ class MetricsWriter:
     becomes null); finite numbers also go to TensorBoard."""
     if not self._active:
       return
-    metrics = {k: None if isinstance(v, float) and not math.isfinite(v) else v
-               for k, v in metrics.items()}
+    metrics = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()
+    }
     record = {"step": step, "split": split, **metrics}
     with open(self._path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -30,7 +30,6 @@ DecodeCache = list[attention.Cache]
 
 class MlpBlock(nnx.Module):
   """Position-wise feed-forward block: Linear, ReLU, dropout, Linear."""
-
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.xavier_uniform()
     self.wi = nnx.Linear(config.emb_dim, config.mlp_dim, kernel_init=init,
@@ -56,7 +55,6 @@ class Residual(nnx.Module):
   Pre-LN: x + dropout(f(norm(x))). Post-LN: norm(x + dropout(f(x))). A sublayer f is applied
   as `residual(x, f(residual.sublayer_input(x)))`.
   """
-
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.pre_layer_norm = config.pre_layer_norm
     self.norm = _layer_norm(config, rngs)
@@ -66,8 +64,7 @@ class Residual(nnx.Module):
     """What the sublayer sees: norm(x) under pre-LN, else x. [batch, n, emb_dim]."""
     return self.norm(x) if self.pre_layer_norm else x
 
-  def __call__(self, x: jax.Array, sublayer_output: jax.Array, *,
-               deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, sublayer_output: jax.Array, *, deterministic: bool) -> jax.Array:
     """Adds the sublayer output [batch, n, emb_dim] to x [batch, n, emb_dim]."""
     out = x + self.dropout(sublayer_output, deterministic=deterministic)
     return out if self.pre_layer_norm else self.norm(out)
@@ -76,15 +73,14 @@ class Residual(nnx.Module):
 def _attention(config: TransformerConfig, position: variants.AttentionPosition | None, *,
                rngs: nnx.Rngs) -> attention.MultiHeadAttention:
   """A MultiHeadAttention layer with the position module `position` (None: cross-attention)."""
-  return attention.MultiHeadAttention(
-      config.num_heads, config.emb_dim, qkv_dim=config.qkv_dim, position=position,
-      dropout_rate=config.attention_dropout_rate, dtype=config.compute_dtype,
-      implementation=config.attention_implementation, rngs=rngs)
+  return attention.MultiHeadAttention(config.num_heads, config.emb_dim, qkv_dim=config.qkv_dim,
+                                      position=position, dropout_rate=config.attention_dropout_rate,
+                                      dtype=config.compute_dtype,
+                                      implementation=config.attention_implementation, rngs=rngs)
 
 
 class EncoderLayer(nnx.Module):
   """Self-attention (with the variant's position module) and MLP, each in a Residual."""
-
   def __init__(self, config: TransformerConfig, position: variants.AttentionPosition | None, *,
                rngs: nnx.Rngs):
     self.self_attention = _attention(config, position, rngs=rngs)
@@ -104,7 +100,6 @@ class EncoderLayer(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   """Causal self-attention (position variant), cross-attention (no positions) and MLP."""
-
   def __init__(self, config: TransformerConfig, position: variants.AttentionPosition | None, *,
                rngs: nnx.Rngs):
     self.self_attention = _attention(config, position, rngs=rngs)
@@ -117,8 +112,7 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x: jax.Array, encoded: jax.Array, *, self_mask: jax.Array | None,
                cross_mask: jax.Array, positions: jax.Array, deterministic: bool,
                cache: attention.Cache | None = None,
-               cache_index: jax.Array | None = None
-               ) -> tuple[jax.Array, attention.Cache | None]:
+               cache_index: jax.Array | None = None) -> tuple[jax.Array, attention.Cache | None]:
     """One decoder layer, over a whole sequence or (with a cache) one step.
 
     Args:
@@ -153,7 +147,6 @@ class DecoderLayer(nnx.Module):
 class _Stack(nnx.Module):
   """What encoder and decoder share: embedding (+ the variant's position embedding), dropout,
   final norm."""
-
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     self.embed = embed
@@ -178,7 +171,6 @@ class _Stack(nnx.Module):
 
 class Encoder(_Stack):
   """Embedding and a stack of EncoderLayers."""
-
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
@@ -196,21 +188,19 @@ class Encoder(_Stack):
 
 class Decoder(_Stack):
   """Embedding, a stack of DecoderLayers and the output logits."""
-
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
     positions = variant.self_attention(config.num_decoder_layers, causal=True, rngs=rngs)
     self.layers = nnx.List([DecoderLayer(config, position, rngs=rngs) for position in positions])
-    self.logits = (None if config.logits_via_embedding else
-                   nnx.Linear(config.emb_dim, config.vocab_size,
-                              kernel_init=nnx.initializers.xavier_uniform(),
-                              dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs))
+    self.logits = (None if config.logits_via_embedding else nnx.Linear(
+        config.emb_dim, config.vocab_size, kernel_init=nnx.initializers.xavier_uniform(),
+        dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs))
 
   def __call__(self, encoded: jax.Array, tokens: jax.Array, *, positions: jax.Array,
                self_mask: jax.Array | None, cross_mask: jax.Array, deterministic: bool,
-               cache: DecodeCache | None = None, cache_index: jax.Array | None = None
-               ) -> tuple[jax.Array, DecodeCache | None]:
+               cache: DecodeCache | None = None,
+               cache_index: jax.Array | None = None) -> tuple[jax.Array, DecodeCache | None]:
     """Decoder logits for input tokens [batch, t] (already shifted right).
 
     Args, as for DecoderLayer; positions also feed the absolute encodings; cache has one entry
@@ -224,8 +214,8 @@ class Decoder(_Stack):
     new_cache = []
     for layer, layer_cache in zip(self.layers, caches):
       x, layer_cache = layer(x, encoded, self_mask=self_mask, cross_mask=cross_mask,
-                             positions=positions, deterministic=deterministic,
-                             cache=layer_cache, cache_index=cache_index)
+                             positions=positions, deterministic=deterministic, cache=layer_cache,
+                             cache_index=cache_index)
       new_cache.append(layer_cache)
     return self._logits(self._final(x)), None if cache is None else new_cache
 
@@ -277,7 +267,6 @@ class Transformer(nnx.Module):
     encoder, decoder: the two stacks; they share one embedding when config.share_embeddings,
       and the position modules the variant hands to both.
   """
-
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     self.config = config
 
@@ -293,8 +282,7 @@ class Transformer(nnx.Module):
     self.decoder = Decoder(config, target_embed, variant, rngs=rngs)
 
   def encode(self, inputs: jax.Array, *, inputs_positions: jax.Array | None = None,
-             inputs_segmentation: jax.Array | None = None,
-             deterministic: bool = True) -> jax.Array:
+             inputs_segmentation: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
     """Encodes source tokens.
 
     Args:
@@ -308,8 +296,7 @@ class Transformer(nnx.Module):
     """
     segmentation = _segmentation(inputs, inputs_segmentation)
     return self.encoder(inputs, positions=_default_positions(inputs, inputs_positions),
-                        mask=_segment_mask(segmentation, segmentation),
-                        deterministic=deterministic)
+                        mask=_segment_mask(segmentation, segmentation), deterministic=deterministic)
 
   def decode(self, encoded: jax.Array, inputs: jax.Array, targets: jax.Array, *,
              targets_positions: jax.Array | None = None,
@@ -334,11 +321,11 @@ class Transformer(nnx.Module):
     segmentation = _segmentation(targets, targets_segmentation)
     length = targets.shape[1]
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
-    logits, _ = self.decoder(
-        encoded, _shift_right(targets, segmentation),
-        positions=_default_positions(targets, targets_positions),
-        self_mask=_segment_mask(segmentation, segmentation) & causal,
-        cross_mask=_segment_mask(segmentation, source_segmentation), deterministic=deterministic)
+    logits, _ = self.decoder(encoded, _shift_right(targets, segmentation),
+                             positions=_default_positions(targets, targets_positions),
+                             self_mask=_segment_mask(segmentation, segmentation) & causal,
+                             cross_mask=_segment_mask(segmentation, source_segmentation),
+                             deterministic=deterministic)
     return logits
 
   def __call__(self, inputs: jax.Array, targets: jax.Array, *,
@@ -366,8 +353,9 @@ class Transformer(nnx.Module):
     if max_decode_len > self.config.max_len:
       raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len="
                        f"{self.config.max_len}.")
-    return [layer.self_attention.init_cache(batch_size, max_decode_len)
-            for layer in self.decoder.layers]
+    return [
+        layer.self_attention.init_cache(batch_size, max_decode_len) for layer in self.decoder.layers
+    ]
 
   def decode_step(self, encoded: jax.Array, inputs: jax.Array, tokens: jax.Array,
                   step: jax.Array | int, cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:
@@ -386,10 +374,11 @@ class Transformer(nnx.Module):
       (float32 logits [n, vocab_size], the updated cache).
     """
     step = jnp.asarray(step, jnp.int32)
-    logits, cache = self.decoder(
-        encoded, jnp.asarray(tokens, jnp.int32)[:, None], positions=jnp.full((1, 1), step),
-        self_mask=None, cross_mask=(inputs != PAD_ID)[:, None, None, :], deterministic=True,
-        cache=cache, cache_index=step)
+    logits, cache = self.decoder(encoded,
+                                 jnp.asarray(tokens, jnp.int32)[:, None], positions=jnp.full(
+                                     (1, 1), step), self_mask=None,
+                                 cross_mask=(inputs != PAD_ID)[:, None, None, :],
+                                 deterministic=True, cache=cache, cache_index=step)
     return logits[:, 0], cache
 
 
@@ -405,7 +394,6 @@ def split_model(model: Transformer) -> tuple[nnx.GraphDef, Any, Any]:
   return graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rng)
 
 
-def abstract_model(model_config: TransformerConfig
-                   ) -> tuple[nnx.GraphDef, Any, Any]:
+def abstract_model(model_config: TransformerConfig) -> tuple[nnx.GraphDef, Any, Any]:
   """`split_model` of the model `model_config` builds, with jax.ShapeDtypeStruct leaves."""
   return split_model(nnx.eval_shape(lambda: build_model(model_config, 0)))

@@ -118,28 +118,32 @@ class TransformerConfig:
     given = {name: model_cfg[name] for name in model_cfg.keys()}
     position = given.get("position", FIELDS["position"].value_when_absent)
     if not (isinstance(position, str) and position in variants.names()):
-      raise fields.invalid("model.position", position,
-                           f"one of {', '.join(map(repr, variants.names()))} (a variant of "
-                           f"your own: --import=<its module>)")
+      raise fields.invalid(
+          "model.position", position,
+          f"one of {', '.join(map(repr, variants.names()))} (a variant of "
+          f"your own: --import=<its module>)")
     own = variants.get(position).fields
     for name, field in variants.all_fields().items():
       if name in given and name not in own:
         if given[name] != field.default:
-          logging.info("config field model.%s=%r is left out: it is a field of position "
-                          "variant %r, and model.position=%r.", name, given[name],
-                          variants.owner(name), position)
+          logging.info(
+              "config field model.%s=%r is left out: it is a field of position "
+              "variant %r, and model.position=%r.", name, given[name], variants.owner(name),
+              position)
         del given[name]
     values = fields.resolve(
         given, {**FIELDS, **own}, "model",
         hint=" A field of your own variant? --import=<its module> registers it.")
-    return cls(vocab_size=vocab_size, **{name: values[name] for name in FIELDS},
-               options=tuple((name, values[name]) for name in own))
+    return cls(vocab_size=vocab_size, **{name: values[name] for name in FIELDS}, options=tuple(
+        (name, values[name]) for name in own))
 
 
 # The architecture's `model.*` fields, in order (each position variant adds its own).
 FIELDS: dict[str, fields.Field] = {
-    f.name: f.metadata["field"] for f in dataclasses.fields(TransformerConfig)
-    if "field" in f.metadata}
+    f.name: f.metadata["field"]
+    for f in dataclasses.fields(TransformerConfig)
+    if "field" in f.metadata
+}
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -163,9 +167,10 @@ def check_cudnn(config: TransformerConfig) -> None:
                                  dropout=config.attention_dropout_rate > 0)
   if need is not None:
     requirement, reason = need
-    name = {"backend": "attention_implementation", "dtype": "dtype",
-            "value_table": value_table, "dropout": "attention_dropout_rate",
-            "depth": "qkv_dim"}[requirement]
+    name = {
+        "backend": "attention_implementation", "dtype": "dtype", "value_table": value_table,
+        "dropout": "attention_dropout_rate", "depth": "qkv_dim"
+    }[requirement]
     value = "cudnn" if requirement == "backend" else getattr(config, name)
     raise ValueError(f"config field model.{name}={value!r} is invalid under "
                      f"model.attention_implementation='cudnn': {reason} (or use 'auto', which "

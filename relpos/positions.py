@@ -84,8 +84,8 @@ def t5_relative_position_bucket(relative_position: jnp.ndarray, *, bidirectional
     offset = 0
     distance = jnp.maximum(-relative_position, 0)
   # log is only used where distance >= max_exact >= 1; the maximum keeps log finite elsewhere.
-  scaled = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact)
-            / math.log(max_distance / max_exact) * (exact_buckets - max_exact))
+  scaled = (jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) /
+            math.log(max_distance / max_exact) * (exact_buckets - max_exact))
   large = jnp.minimum(max_exact + scaled.astype(jnp.int32), exact_buckets - 1)
   return (offset + jnp.where(distance < max_exact, distance, large)).astype(jnp.int32)
 
@@ -100,7 +100,7 @@ def inverse_frequencies(base: float, dim: int) -> np.ndarray:
   """base ** (-2c / dim) for c < dim / 2: float32 [dim / 2], computed in float64 and rounded once
   (as Hugging Face does), so an angle p * inverse_frequencies at p < 4,096 and dim = 64 is off by
   1.5e-4 at most instead of 3.3e-4 with float32 powers."""
-  return (base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)).astype(np.float32)
+  return (base**(-np.arange(0, dim, 2, dtype=np.float64) / dim)).astype(np.float32)
 
 
 def _check_even(dim: int) -> None:
@@ -155,8 +155,7 @@ def t2t_timing_signal(positions: jnp.ndarray, dim: int, min_timescale: float = 1
   _check_even(dim)
   num_timescales = dim // 2
   increment = math.log(max_timescale / min_timescale) / max(num_timescales - 1, 1)
-  inv_timescales = min_timescale * np.exp(-increment * np.arange(num_timescales,
-                                                                   dtype=np.float64))
+  inv_timescales = min_timescale * np.exp(-increment * np.arange(num_timescales, dtype=np.float64))
   return _sin_then_cos(positions, inv_timescales.astype(np.float32))
 
 
@@ -180,8 +179,8 @@ def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, base: float = 10000.0) ->
   depth = x.shape[-1]
   if depth % 2:
     raise ValueError(f"apply_rope needs an even depth, got x.shape={x.shape}.")
-  angles = (jnp.asarray(positions, jnp.float32)[..., None, None]
-            * inverse_frequencies(base, depth))  # [b, n, 1, d/2]
+  angles = (jnp.asarray(positions, jnp.float32)[..., None, None] * inverse_frequencies(base, depth)
+           )  # [b, n, 1, d/2]
   cos, sin = jnp.cos(angles), jnp.sin(angles)
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
@@ -208,9 +207,9 @@ def alibi_slopes(num_heads: int) -> jnp.ndarray:
     raise ValueError(f"num_heads must be >= 1, got {num_heads}.")
 
   def power_of_two_slopes(n: int) -> np.ndarray:
-    return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+    return 2.0**(-8.0 * np.arange(1, n + 1) / n)
 
-  closest = 2 ** int(math.floor(math.log2(num_heads)))
+  closest = 2**int(math.floor(math.log2(num_heads)))
   slopes = power_of_two_slopes(closest)
   if closest != num_heads:
     slopes = np.concatenate([slopes, power_of_two_slopes(2 * closest)[0::2][:num_heads - closest]])

@@ -35,8 +35,8 @@ class Preemption:
     self._signals = tuple(signals)
     self._on_signal = on_signal
     self._requested = threading.Event()
-    self._handles_signal = (jax.process_count() == 1
-                            and threading.current_thread() is threading.main_thread())
+    self._handles_signal = (jax.process_count() == 1 and
+                            threading.current_thread() is threading.main_thread())
     self._previous = {}
 
   def _request(self, signum: int, _) -> None:

@@ -99,8 +99,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
             0, integer(0), "stop after this many validations without a better BLEU (loss "
             "without BLEU); 0: train num_steps"),
         "checkpoint_every_steps": Field(500, integer(1), "checkpoints", effect=NEUTRAL),
-        "keep_checkpoints": Field(2, integer(1), "the newest kept (and the best)",
-                                  effect=NEUTRAL),
+        "keep_checkpoints": Field(2, integer(1), "the newest kept (and the best)", effect=NEUTRAL),
         "eval_batch_size": Field(64, integer(1), "rows of an evaluation batch"),
     },
     "decode": {
@@ -108,18 +107,21 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "alpha": Field(0.6, number(0.0), "GNMT length penalty"),
         "max_decode_len": Field(0, integer(0), "0 -> 2 * source length + 10, <= model.max_len"),
         "validation_bleu": Field(True, BOOLEAN, "beam-search BLEU at each validation"),
-        "checkpoint": Field("best", fields.Rule(
-            _CHOICE, lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
+        "checkpoint": Field(
+            "best",
+            fields.Rule(_CHOICE,
+                        lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
             "the checkpoint a table scores: best (validation BLEU) | latest | average:<N> "
             "(the parameters of the last N saved averaged)"),
-        "other_checkpoints": Field("", fields.Rule(
-            f"'' or a comma-separated list of {_CHOICE}",
-            lambda v: isinstance(v, str) and all(
-                CHECKPOINT_CHOICE.fullmatch(c) for c in v.split(",")) if v else v == ""),
-            "choices a table scores beside `checkpoint`, e.g. 'average:10,latest'",
-            effect=NEUTRAL),
-        "length_diagnostics": Field(True, BOOLEAN, "a table run's length diagnostics "
-                                    "(relpos.experiments.diagnostics)", effect=NEUTRAL),
+        "other_checkpoints": Field(
+            "",
+            fields.Rule(
+                f"'' or a comma-separated list of {_CHOICE}", lambda v: isinstance(v, str) and all(
+                    CHECKPOINT_CHOICE.fullmatch(c) for c in v.split(",")) if v else v == ""),
+            "choices a table scores beside `checkpoint`, e.g. 'average:10,latest'", effect=NEUTRAL),
+        "length_diagnostics": Field(
+            True, BOOLEAN, "a table run's length diagnostics "
+            "(relpos.experiments.diagnostics)", effect=NEUTRAL),
     },
 }
 MODEL = "model"
@@ -142,8 +144,10 @@ class RunConfig:
 
   def to_dict(self) -> dict[str, Any]:
     """The config as nested plain data, as config.json and results.json hold it."""
-    return {"seed": self.seed, "task": self.task.to_dict(), "model": self.model.to_dict(),
-            "train": self.train.to_dict(), "decode": self.decode.to_dict()}
+    return {
+        "seed": self.seed, "task": self.task.to_dict(), "model": self.model.to_dict(),
+        "train": self.train.to_dict(), "decode": self.decode.to_dict()
+    }
 
   def other_checkpoints(self) -> list[str]:
     """The checkpoint choices of `decode.other_checkpoints`, in order (empty when none)."""
@@ -173,8 +177,9 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
       node = node.get(name) if isinstance(node, Mapping) else None
       if not isinstance(node, Mapping):
         raise ValueError(f"config section {section} is missing.")
-    subsections = {path.rpartition(".")[2] for path in SECTIONS
-                   if path and path.rpartition(".")[0] == section}
+    subsections = {
+        path.rpartition(".")[2] for path in SECTIONS if path and path.rpartition(".")[0] == section
+    }
     if not section:
       subsections |= {MODEL}
     values = {name: value for name, value in node.items() if name not in subsections}
@@ -182,8 +187,8 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
   return resolved
 
 
-def _check_between(sections: dict[str, dict[str, Any]], model: model_config.TransformerConfig
-                   ) -> None:
+def _check_between(sections: dict[str, dict[str, Any]],
+                   model: model_config.TransformerConfig) -> None:
   """Rules between fields: ranges given as (min, max), lengths against model.max_len."""
   synthetic = sections["task.synthetic"]
   for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
@@ -319,7 +324,8 @@ def differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any
     old = {k: v for k, v in old.items() if k in new or not k.startswith(f"{MODEL}.")}
     new = {k: v for k, v in new.items() if k in old or not k.startswith(f"{MODEL}.")}
   plain = lambda v: list(v) if isinstance(v, tuple) else v
-  return [(k, old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys())
+  return [(k, old.get(k), new.get(k))
+          for k in sorted(old.keys() | new.keys())
           if plain(old.get(k)) != plain(new.get(k))]
 
 
@@ -328,8 +334,10 @@ def result_differences(before: RunConfig, after: RunConfig) -> list[tuple[str, A
   return [d for d in differences(before, after) if effect(d[0]) != NEUTRAL]
 
 
-_FIXED_ON_RESUME = {TOKENIZER: "the tokenizer would change under the model",
-                    fields.PARAMETERS: "the model would change under its parameters"}
+_FIXED_ON_RESUME = {
+    TOKENIZER: "the tokenizer would change under the model",
+    fields.PARAMETERS: "the model would change under its parameters"
+}
 
 
 def check_resume(config: RunConfig, workdir: str, *, resuming: bool) -> None:

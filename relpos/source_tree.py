@@ -18,9 +18,8 @@ def commit() -> str:
   try:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                           capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=ROOT, check=True, capture_output=True,
-                           text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.strip()
   except (OSError, subprocess.CalledProcessError):
     return "unknown"
   return head + ("-dirty" if dirty else "")

@@ -27,15 +27,15 @@ from relpos.data import tokenizer as tokenizer_lib
 
 Batch = dict[str, jax.Array]
 
-
 # --- steps -------------------------------------------------------------------------------------
 
 
 def _model_kwargs(batch: Batch) -> dict[str, jax.Array]:
-  return {"inputs_positions": batch["inputs_position"],
-          "targets_positions": batch["targets_position"],
-          "inputs_segmentation": batch["inputs_segmentation"],
-          "targets_segmentation": batch["targets_segmentation"]}
+  return {
+      "inputs_positions": batch["inputs_position"], "targets_positions": batch["targets_position"],
+      "inputs_segmentation": batch["inputs_segmentation"],
+      "targets_segmentation": batch["targets_segmentation"]
+  }
 
 
 def micro_batches(batch: Batch, count: int) -> Batch:
@@ -63,7 +63,8 @@ def _gradients(params: Any, rng: Any, batch: Batch, *, graphdef: nnx.GraphDef,
   def loss_fn(params, rng, micro):
     model = nnx.merge(graphdef, params, rng)
     logits = model(micro["inputs"], micro["targets"], deterministic=False, **_model_kwargs(micro))
-    loss_sum, _ = train_state.cross_entropy(logits, micro["targets"], label_smoothing=label_smoothing)
+    loss_sum, _ = train_state.cross_entropy(logits, micro["targets"],
+                                            label_smoothing=label_smoothing)
     loss = loss_sum / tokens
     scaled = loss if loss_scale is None else loss * loss_scale
     return scaled, (loss, nnx.to_pure_dict(nnx.state(model, nnx.RngState)))
@@ -72,6 +73,7 @@ def _gradients(params: Any, rng: Any, batch: Batch, *, graphdef: nnx.GraphDef,
   if accumulation_steps == 1:
     (_, (loss, rng)), grads = value_and_grad(params, rng, batch)
   else:
+
     def accumulate(carry, micro):
       loss, grads, rng = carry
       (_, (micro_loss, rng)), micro_grads = value_and_grad(params, rng, micro)
@@ -117,19 +119,24 @@ def train_step(state: train_state.TrainState, batch: Batch, *, graphdef: nnx.Gra
   param_norm = optax.global_norm(params)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
   keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
-  new_state = {"step": state["step"] + 1, "rng": rng,
-               "params": keep_if_finite(params, state["params"]),
-               "opt_state": keep_if_finite(opt_state, state["opt_state"]),
-               "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)}
+  new_state = {
+      "step": state["step"] + 1, "rng": rng, "params": keep_if_finite(params, state["params"]),
+      "opt_state": keep_if_finite(opt_state, state["opt_state"]),
+      "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)
+  }
   if loss_scale is not None:
-    new_state["loss_scale"] = train_state.update_loss_scale(state["loss_scale"], jnp.isfinite(grad_norm))
+    new_state["loss_scale"] = train_state.update_loss_scale(state["loss_scale"],
+                                                            jnp.isfinite(grad_norm))
     # An overflow of the scaled gradient only lowers the scale.
     finite = jnp.isfinite(loss) & (jnp.isfinite(param_norm) | ~jnp.isfinite(grad_norm))
-  return new_state, {"loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
-                     "finite": finite.astype(jnp.float32)}
+  return new_state, {
+      "loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
+      "finite": finite.astype(jnp.float32)
+  }
 
 
-def eval_step(state: train_state.TrainState, batch: Batch, *, graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
+def eval_step(state: train_state.TrainState, batch: Batch, *,
+              graphdef: nnx.GraphDef) -> dict[str, jax.Array]:
   """Sums over a batch (padding rows and tokens weigh 0) for loss and token accuracy.
 
   Returns:
@@ -156,7 +163,6 @@ class Steps:
     train: (state, global batch) -> (state, metrics); the state's buffers are donated.
     eval: (state, global batch) -> metric sums.
   """
-
   def __init__(self, mesh: Mesh, model_config: model_config.TransformerConfig,
                train_config: ml_collections.ConfigDict):
     self.mesh = mesh
@@ -178,14 +184,15 @@ class Steps:
 
   def global_batch(self, local_batch: dict[str, np.ndarray]) -> Batch:
     """Assembles this process's rows [rows/process_count, length] into a global batch."""
-    return {k: jax.make_array_from_process_local_data(self.batch_sharding,
-                                                      np.asarray(local_batch[k]))
-            for k in pipeline.BATCH_KEYS}
+    return {
+        k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(local_batch[k]))
+        for k in pipeline.BATCH_KEYS
+    }
 
 
 # The `train.*` fields the compiled steps depend on (not, e.g., num_steps or the intervals).
-STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
-               "weight_decay", "grad_clip_norm", "label_smoothing", "grad_accumulation_steps")
+STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",
+               "grad_clip_norm", "label_smoothing", "grad_accumulation_steps")
 
 
 def get_steps(mesh: Mesh, model_config: model_config.TransformerConfig,
@@ -201,16 +208,18 @@ def _cached_steps(mesh: Mesh, model_config: model_config.TransformerConfig,
   return Steps(mesh, model_config, ml_collections.ConfigDict(dict(step_fields)))
 
 
-def evaluate_loss(steps: Steps, state: train_state.TrainState, batches: Iterator[dict[str, np.ndarray]]
-                  ) -> dict[str, float]:
+def evaluate_loss(steps: Steps, state: train_state.TrainState,
+                  batches: Iterator[dict[str, np.ndarray]]) -> dict[str, float]:
   """Loss per target token, perplexity and token accuracy over eval batches (global rows)."""
   totals = {"loss_sum": 0.0, "correct": 0.0, "tokens": 0.0}
   for batch in batches:
     sums = jax.device_get(steps.eval(state, steps.global_batch(device_mesh.process_rows(batch))))
     totals = {k: totals[k] + float(sums[k]) for k in totals}
   loss = totals["loss_sum"] / totals["tokens"]
-  return {"loss": loss, "perplexity": float(np.exp(loss)),
-          "accuracy": totals["correct"] / totals["tokens"]}
+  return {
+      "loss": loss, "perplexity": float(np.exp(loss)),
+      "accuracy": totals["correct"] / totals["tokens"]
+  }
 
 
 def check_divisible(config: run_config.RunConfig) -> None:

@@ -47,15 +47,15 @@ class NonFiniteError(FloatingPointError):
 
 # --- the loop ----------------------------------------------------------------------------------
 
+
 class _Recorder:
   """Host side of the train metrics: checks finiteness, averages over a log interval.
 
   Step t's metrics are read after step t + 1 is dispatched, so the host never stalls the
   device except at log, eval and checkpoint steps.
   """
-
-  def __init__(self, train_config: ml_collections.ConfigDict, num_skipped: int,
-               progress: tqdm.tqdm, last_checkpoint: Callable[[], Any]):
+  def __init__(self, train_config: ml_collections.ConfigDict, num_skipped: int, progress: tqdm.tqdm,
+               last_checkpoint: Callable[[], Any]):
     """Starts recording.
 
     Args:
@@ -134,8 +134,10 @@ class _Recorder:
     self.flush()
     means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
     elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
-    summary = {"smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
-               "steps_per_second": self._steps_timed / elapsed if self._steps_timed else None}
+    summary = {
+        "smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
+        "steps_per_second": self._steps_timed / elapsed if self._steps_timed else None
+    }
     self._sums = {k: 0.0 for k in self._sums}
     self._count = 0
     if self._start is not None:
@@ -150,11 +152,11 @@ def _is_multiple(step: int, every: int, last: int) -> bool:
 def _validate(config: run_config.RunConfig, task: pipeline.Task, steps: steps_lib.Steps,
               state: train_state.TrainState) -> dict[str, Any]:
   """Validation loss and accuracy, and beam-search BLEU / chrF when `decode.validation_bleu`."""
-  results = steps_lib.evaluate_loss(steps, state, task.eval_batches(VALIDATION_SPLIT,
-                                                          config.train.eval_batch_size))
+  results = steps_lib.evaluate_loss(
+      steps, state, task.eval_batches(VALIDATION_SPLIT, config.train.eval_batch_size))
   if config.decode.validation_bleu:
-    scores = evaluate.score_split(train_state.model_from_state(steps.graphdef, state), task, VALIDATION_SPLIT,
-                                  config, mesh=steps.mesh)
+    scores = evaluate.score_split(train_state.model_from_state(steps.graphdef, state), task,
+                                  VALIDATION_SPLIT, config, mesh=steps.mesh)
     results.update({k: scores[k] for k in ("bleu", "chrf", "signature", "num_sentences")})
   return results
 
@@ -245,8 +247,10 @@ def evaluations_since_best(validation: list[dict[str, Any]]) -> int:
 
 def _validation_history(workdir: str, up_to_step: int) -> list[dict[str, Any]]:
   """The validation metrics metrics.jsonl holds for steps up to `up_to_step`, in order."""
-  return [record for record in metrics_writer.read_metrics(workdir)
-          if record["split"] == VALIDATION_SPLIT and record["step"] <= up_to_step]
+  return [
+      record for record in metrics_writer.read_metrics(workdir)
+      if record["split"] == VALIDATION_SPLIT and record["step"] <= up_to_step
+  ]
 
 
 def _last_records(workdir: str) -> dict[str, dict[str, Any]]:
@@ -262,14 +266,16 @@ def _train_summary(recorder: _Recorder, state: train_state.TrainState, schedule:
   """Means since the last summary, skipped updates so far, the next update's rate and the
   run's seconds so far (`metrics_writer.elapsed_seconds`)."""
   num_skipped = int(state["num_skipped"])
-  return {**recorder.summary(), "skipped_updates": num_skipped,
-          "learning_rate": float(schedule(int(state["step"]) - num_skipped)),
-          "elapsed_s": elapsed_s}
+  return {
+      **recorder.summary(), "skipped_updates": num_skipped,
+      "learning_rate": float(schedule(int(state["step"]) - num_skipped)), "elapsed_s": elapsed_s
+  }
 
 
 def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
-                steps: steps_lib.Steps, state: train_state.TrainState, manager: ocp.CheckpointManager,
-                train_iterator: grain.DatasetIterator, started: float) -> dict[str, Any]:
+                steps: steps_lib.Steps, state: train_state.TrainState,
+                manager: ocp.CheckpointManager, train_iterator: grain.DatasetIterator,
+                started: float) -> dict[str, Any]:
   """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
 
   `started` (time.perf_counter) is when this start of the run began: train records count the
@@ -287,21 +293,23 @@ def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
   validation_history = _validation_history(workdir, first)
   earlier_s = metrics_writer.elapsed_seconds(
       [r for r in metrics_writer.read_metrics(workdir) if r["step"] <= first])
-  result = {"step": first, "preempted": False, "early_stopped": False,
-            "train": last_records.get("train", {}),
-            "validation": last_records.get(VALIDATION_SPLIT, {}), "validation_time_s": 0.0}
+  result = {
+      "step": first, "preempted": False, "early_stopped": False,
+      "train": last_records.get("train", {}), "validation": last_records.get(VALIDATION_SPLIT, {}),
+      "validation_time_s": 0.0
+  }
   progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
                        disable=jax.process_index() != 0)
   recorder = _Recorder(train_config, int(state["num_skipped"]), progress, manager.latest_step)
-  with (progress, Preemption() as preemption,
-        metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
+  with (progress, Preemption() as
+        preemption, metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
     for step in range(first + 1, last + 1):
       state, metrics = steps.train(state, steps.global_batch(next(train_iterator)))
       recorder.push(step, metrics)
       preempted = preemption.reached(step)
       evaluate_now = _is_multiple(step, train_config.eval_every_steps, last)
-      save_now = (evaluate_now or preempted
-                  or _is_multiple(step, train_config.checkpoint_every_steps, last))
+      save_now = (evaluate_now or preempted or
+                  _is_multiple(step, train_config.checkpoint_every_steps, last))
       if save_now or step % train_config.log_every_steps == 0:
         result["train"] = _train_summary(recorder, state, schedule,
                                          earlier_s + time.perf_counter() - started)
@@ -310,7 +318,8 @@ def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
       if evaluate_now:
         start = time.perf_counter()
         eval_metrics = result["validation"] = {
-            **_validate(config, task, steps, state), "time_s": time.perf_counter() - start}
+            **_validate(config, task, steps, state), "time_s": time.perf_counter() - start
+        }
         result["validation_time_s"] += eval_metrics["time_s"]
         writer.write(step, VALIDATION_SPLIT, eval_metrics)
         validation_history.append(eval_metrics)

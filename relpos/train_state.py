@@ -28,7 +28,6 @@ from relpos.data import tokenizer as tokenizer_lib
 
 TrainState = dict[str, Any]
 
-
 # --- optimizer and loss ------------------------------------------------------------------------
 
 
@@ -53,11 +52,13 @@ def make_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTra
   transforms = []
   if train_config.grad_clip_norm > 0:
     transforms.append(optax.clip_by_global_norm(train_config.grad_clip_norm))
-  transforms.append(optax.scale_by_adam(b1=train_config.adam_b1, b2=train_config.adam_b2,
-                                        eps=train_config.adam_eps))
+  transforms.append(
+      optax.scale_by_adam(b1=train_config.adam_b1, b2=train_config.adam_b2,
+                          eps=train_config.adam_eps))
   if train_config.weight_decay > 0:
-    transforms.append(optax.add_decayed_weights(
-        train_config.weight_decay, mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
+    transforms.append(
+        optax.add_decayed_weights(train_config.weight_decay,
+                                  mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params)))
   transforms.append(optax.scale_by_learning_rate(learning_rate_schedule(train_config)))
   return optax.chain(*transforms)
 
@@ -91,13 +92,14 @@ def cross_entropy(logits: jax.Array, targets: jax.Array, *,
 
 # Dynamic loss scaling (float16): start high, halve on an overflow (the update is skipped),
 # double after LOSS_SCALE_PERIOD updates without one, as in PyTorch's GradScaler and jmp.
-INITIAL_LOSS_SCALE = 2.0 ** 15
+INITIAL_LOSS_SCALE = 2.0**15
 LOSS_SCALE_PERIOD = 2000
 
 
 def initial_loss_scale() -> dict[str, jax.Array]:
-  return {"scale": jnp.asarray(INITIAL_LOSS_SCALE, jnp.float32),
-          "good_steps": jnp.zeros((), jnp.int32)}
+  return {
+      "scale": jnp.asarray(INITIAL_LOSS_SCALE, jnp.float32), "good_steps": jnp.zeros((), jnp.int32)
+  }
 
 
 def update_loss_scale(loss_scale: dict[str, jax.Array],
@@ -117,8 +119,10 @@ def init_train_state(model_config: model_config.TransformerConfig,
                      optimizer: optax.GradientTransformation, seed: int | jax.Array) -> TrainState:
   """A fresh train state (see the module docstring for its layout) from an int seed."""
   _, params, rng = model_lib.split_model(model_lib.build_model(model_config, seed))
-  state = {"step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
-           "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)}
+  state = {
+      "step": jnp.zeros((), jnp.int32), "params": params, "rng": rng,
+      "opt_state": optimizer.init(params), "num_skipped": jnp.zeros((), jnp.int32)
+  }
   if model_config.dtype == "float16":
     state["loss_scale"] = initial_loss_scale()
   return state

@@ -71,9 +71,9 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
     if origin is None or (_is_file(spec) and not os.path.isfile(origin)):
       raise ValueError(f"--import={spec}: no such module or .py file (a module must be "
                        f"importable: on PYTHONPATH, or give the path of its .py file).")
-    if refuse_under is not None and os.path.commonpath(
-        [os.path.realpath(origin), os.path.realpath(refuse_under)]) == os.path.realpath(
-            refuse_under):
+    if refuse_under is not None and os.path.commonpath([
+        os.path.realpath(origin), os.path.realpath(refuse_under)
+    ]) == os.path.realpath(refuse_under):
       raise ValueError(f"--import={spec}: {origin} lies inside the workdir {refuse_under}; "
                        f"code found in a workdir is never run.")
     try:

@@ -24,11 +24,12 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory):
 # evaluated (beam 2) every 100; its validation BLEU rises to about 12 (the tiny config's 12
 # steps translate every sentence as an empty string, BLEU 0.0, which no comparison can fail
 # on). Its checkpoints are 300 and 400.
-TRANSLATING_RUN = {"model.emb_dim": 64, "model.qkv_dim": 64, "model.mlp_dim": 128,
-                   "model.num_heads": 4, "task.synthetic.num_train": 2000,
-                   "train.batch_size": 32, "train.num_steps": 400, "train.learning_rate": 0.01,
-                   "train.warmup_steps": 50, "train.log_every_steps": 100,
-                   "train.eval_every_steps": 100, "train.checkpoint_every_steps": 100}
+TRANSLATING_RUN = {
+    "model.emb_dim": 64, "model.qkv_dim": 64, "model.mlp_dim": 128, "model.num_heads": 4,
+    "task.synthetic.num_train": 2000, "train.batch_size": 32, "train.num_steps": 400,
+    "train.learning_rate": 0.01, "train.warmup_steps": 50, "train.log_every_steps": 100,
+    "train.eval_every_steps": 100, "train.checkpoint_every_steps": 100
+}
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +49,8 @@ def translating_run(tmp_path_factory: pytest.TempPathFactory):
     node[name] = value
   workdir = str(tmp_path_factory.mktemp("translating_run"))
   train.train_and_evaluate(config, workdir)
-  validation = {r["step"]: r for r in metrics_writer.read_metrics(workdir)
-                if r["split"] == "validation"}
+  validation = {
+      r["step"]: r for r in metrics_writer.read_metrics(workdir) if r["split"] == "validation"
+  }
   assert min(r["bleu"] for s, r in validation.items() if s >= 300) > 3.0, validation
   return config, workdir, validation

@@ -20,7 +20,6 @@ from relpos.variants import rope
 from relpos.variants import t5
 from test_kernels import TOL, _normal
 
-
 HEADS, MODEL_DIM, QKV_DIM = 2, 8, 8
 DEPTH = QKV_DIM // HEADS
 
@@ -50,12 +49,16 @@ VARIANTS = {
 def _from_registry(name: str):
   """The decoder's first layer position module of registered variant `name`, at this file's
   sizes (a variant without attention terms gives None)."""
-  model_fields = {**default.get_config().model.to_dict(), "position": name, "num_heads": HEADS,
-                  "emb_dim": MODEL_DIM, "qkv_dim": QKV_DIM, "mlp_dim": 16, "max_len": 32}
+  model_fields = {
+      **default.get_config().model.to_dict(), "position": name, "num_heads": HEADS,
+      "emb_dim": MODEL_DIM, "qkv_dim": QKV_DIM, "mlp_dim": 16, "max_len": 32
+  }
   config = model_config.TransformerConfig.from_config(model_fields, vocab_size=16)
+
   def build(rngs, seed):
     del seed
     return variants.get(name)(config).self_attention(1, causal=True, rngs=rngs)[0]
+
   return build
 
 
@@ -101,8 +104,7 @@ def test_shift_invariance(variant):
 def test_none_ignores_positions():
   module = _make_attention("none")
   x = _normal(3, (1, 4, MODEL_DIM))
-  np.testing.assert_allclose(module(x, query_positions=jnp.array([[0, 5, 9, 1]])), module(x),
-                             **TOL)
+  np.testing.assert_allclose(module(x, query_positions=jnp.array([[0, 5, 9, 1]])), module(x), **TOL)
 
 
 def test_cross_attention_shapes():
@@ -118,8 +120,9 @@ def test_attention_weights_method():
   weights = module.attention_weights(x)
   query, key = module.query(x), module.key(x)
   logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / math.sqrt(QKV_DIM // HEADS)
-  bias = positions.alibi_bias(jnp.arange(4)[None], jnp.arange(4)[None],
-                              positions.alibi_slopes(HEADS))
+  bias = positions.alibi_bias(
+      jnp.arange(4)[None],
+      jnp.arange(4)[None], positions.alibi_slopes(HEADS))
   np.testing.assert_allclose(weights, jax.nn.softmax(logits + bias, axis=-1), **TOL)
 
 
@@ -139,7 +142,6 @@ def test_relative_table_shapes_and_sharing():
   assert count(per_head) == 2 * 7 * 4
 
   class TwoLayers(nnx.Module):
-
     def __init__(self, tables):
       self.a = attention.MultiHeadAttention(2, 8, qkv_dim=8, position=tables, rngs=rngs)
       self.b = attention.MultiHeadAttention(2, 8, qkv_dim=8, position=tables, rngs=rngs)
@@ -184,9 +186,8 @@ def test_invalid_module_arguments():
     attention.MultiHeadAttention(2, 16, qkv_dim=16, position=tables, rngs=rngs)
   with pytest.raises(ValueError, match="T5 bias has num_heads=3"):
     attention.MultiHeadAttention(
-        2, 8, qkv_dim=8, rngs=rngs,
-        position=t5.T5RelativeBias(3, num_buckets=8, max_distance=16, bidirectional=True,
-                                   rngs=rngs))
+        2, 8, qkv_dim=8, rngs=rngs, position=t5.T5RelativeBias(3, num_buckets=8, max_distance=16,
+                                                               bidirectional=True, rngs=rngs))
   with pytest.raises(ValueError, match="even head dim"):
     attention.MultiHeadAttention(2, 6, qkv_dim=6, position=rope.Rotary(10000.0), rngs=rngs)
   with pytest.raises(ValueError, match="dropout_rate"):
@@ -211,10 +212,9 @@ def test_invalid_module_arguments():
 
 
 def test_bfloat16_module_keeps_float32_parameters_and_a_bfloat16_cache():
-  module = attention.MultiHeadAttention(2, 16, qkv_dim=16,
-                                        position=relative.RelativePositionTables(
-                                            2, 8, rngs=nnx.Rngs(0)),
-                                        dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
+  module = attention.MultiHeadAttention(
+      2, 16, qkv_dim=16, position=relative.RelativePositionTables(2, 8, rngs=nnx.Rngs(0)),
+      dtype=jnp.bfloat16, rngs=nnx.Rngs(1))
   params = nnx.state(module, nnx.Param)
   assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
   cache = module.init_cache(2, 6)

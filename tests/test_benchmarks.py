@@ -70,36 +70,49 @@ def test_decode_benchmark_compares_equal_searches(monkeypatch):
 
 
 def _results():
-  attention_record = {"variant": "rel_kv", "n": 1024, "batch": 2, "heads": 8, "depth": 64,
-                      "k": 16, "seconds": 1.0, "time_ratio": 1.1, "temp_bytes": 130,
-                      "temp_ratio": 1.3, "flops": 2e9, "flops_ratio": 1.05}
+  attention_record = {
+      "variant": "rel_kv", "n": 1024, "batch": 2, "heads": 8, "depth": 64, "k": 16, "seconds": 1.0,
+      "time_ratio": 1.1, "temp_bytes": 130, "temp_ratio": 1.3, "flops": 2e9, "flops_ratio": 1.05
+  }
   plain = dict(attention_record, variant="plain", k=None, time_ratio=1.0, temp_bytes=100,
                temp_ratio=1.0, flops_ratio=1.0)
-  step = {"task": "synthetic", "batch_size": 32, "length": 48, "model": {}, "devices": 1,
-          "records": [{"variant": v, "seconds": s, "steps_per_second": 1 / s,
-                       "time_ratio": s / 0.1, "flops_ratio": 1.0, "temp_bytes": 1000, "flops": 1}
-                      for v, s in (("abs", 0.1), ("rel_kv", 0.104))]}
-  decoding = {"records": [{"task": "synthetic", "variant": "rel_kv", "search": "beam4",
-                           "output_length": 64, "cached_sentences_per_second": 40.0,
-                           "uncached_sentences_per_second": 4.0, "cache_speedup": 10.0}],
-              "sentences": 16, "source_length": 24, "output_length": 64}
+  step = {
+      "task": "synthetic", "batch_size": 32, "length": 48, "model": {}, "devices": 1, "records": [{
+          "variant": v, "seconds": s, "steps_per_second": 1 / s, "time_ratio": s / 0.1,
+          "flops_ratio": 1.0, "temp_bytes": 1000, "flops": 1
+      } for v, s in (("abs", 0.1), ("rel_kv", 0.104))]
+  }
+  decoding = {
+      "records": [{
+          "task": "synthetic", "variant": "rel_kv", "search": "beam4", "output_length": 64,
+          "cached_sentences_per_second": 40.0, "uncached_sentences_per_second": 4.0,
+          "cache_speedup": 10.0
+      }], "sentences": 16, "source_length": 24, "output_length": 64
+  }
   per_kind = {kind: 0.001 for kind in profile.KINDS}
-  profiled = {"task": "synthetic", "steps": 4, "rounds": 2, "records": [
-      {"variant": "abs", "seconds_per_kind": per_kind, "total": 0.007, "flops": 100.0},
-      {"variant": "rel_kv", "seconds_per_kind": dict(per_kind, gather=0.0017), "total": 0.0077,
-       "flops": 108.0}]}
-  machine = {"platform": "Linux", "cpu_count": 2, "jax": "0", "date": "today",
-             "devices": ["cpu"]}
-  return {"cpu": {"machine": machine, "load": [1.0, 1.0, 1.0],
-                  "attention": {"records": [plain, attention_record], "check": {}, "notes": [],
-                                "dtype": "float32", "heads": 8, "depth": 64},
-                  "train_step": {"tasks": [step], "notes": []}, "profile": profiled,
-                  "decode": decoding}}
+  profiled = {
+      "task": "synthetic", "steps": 4, "rounds": 2,
+      "records": [{"variant": "abs", "seconds_per_kind": per_kind, "total": 0.007, "flops": 100.0},
+                  {
+                      "variant": "rel_kv", "seconds_per_kind": dict(per_kind, gather=0.0017),
+                      "total": 0.0077, "flops": 108.0
+                  }]
+  }
+  machine = {"platform": "Linux", "cpu_count": 2, "jax": "0", "date": "today", "devices": ["cpu"]}
+  return {
+      "cpu": {
+          "machine": machine, "load": [1.0, 1.0, 1.0], "attention": {
+              "records": [plain, attention_record], "check": {}, "notes": [], "dtype": "float32",
+              "heads": 8, "depth": 64
+          }, "train_step": {"tasks": [step], "notes": []}, "profile": profiled, "decode": decoding
+      }
+  }
 
 
 def test_targets_are_judged_from_the_ratios():
-  verdicts = {t.split(" (")[0]: (met, value) for t, met, value in run.targets(
-      _results()["cpu"], "cpu")}
+  verdicts = {
+      t.split(" (")[0]: (met, value) for t, met, value in run.targets(_results()["cpu"], "cpu")
+  }
   assert verdicts["rel_kv train step <= 1.05x abs"] == ("yes", "1.040x (FLOPs 1.000x)")
   assert verdicts["rel_kv temp memory <= 1.25x plain"] == ("no", "1.30x")
   assert verdicts["cached beam search >= 5.0x uncached"] == ("yes", "10.0x")
@@ -173,21 +186,24 @@ ENTRY %main (a: f32[8,4], b: f32[4,16]) -> f32[16,8] {
 }
 """
   kinds = profile.instruction_kinds(hlo)
-  entry = {name: kinds[name] for name in (
-      "ynn_fusion.3", "copy_select_fusion", "select_reduce_fusion", "broadcast_add", "copy.2",
-      "add.1", "select_add_fusion.8", "bitcast_fusion")}
-  assert entry == {"ynn_fusion.3": "matmul", "copy_select_fusion": "gather",
-                   "select_reduce_fusion": "reduction", "broadcast_add": "dropout RNG",
-                   "copy.2": "dropout RNG", "add.1": "elementwise",
-                   "select_add_fusion.8": "dropout RNG", "bitcast_fusion": "transpose/copy"}
+  entry = {
+      name: kinds[name]
+      for name in ("ynn_fusion.3", "copy_select_fusion", "select_reduce_fusion", "broadcast_add",
+                   "copy.2", "add.1", "select_add_fusion.8", "bitcast_fusion")
+  }
+  assert entry == {
+      "ynn_fusion.3": "matmul", "copy_select_fusion": "gather", "select_reduce_fusion": "reduction",
+      "broadcast_add": "dropout RNG", "copy.2": "dropout RNG", "add.1": "elementwise",
+      "select_add_fusion.8": "dropout RNG", "bitcast_fusion": "transpose/copy"
+  }
   assert "cond.8" not in kinds and "while.7" not in kinds  # containers: never counted twice
 
 
 def test_profile_step_reads_the_trace_of_the_installed_jax():
   a = np.ones((256, 256), np.float32)
   compiled = jax.jit(lambda x: jnp.tanh(x @ x)).lower(a).compile()
-  seconds = profile.profile_step(lambda: compiled(a), profile.instruction_kinds(
-      compiled.as_text()), steps=2)
+  seconds = profile.profile_step(lambda: compiled(a), profile.instruction_kinds(compiled.as_text()),
+                                 steps=2)
   assert set(seconds) == set(profile.KINDS)
   assert seconds["matmul"] > 0 and min(seconds.values()) >= 0
 

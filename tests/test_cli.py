@@ -18,37 +18,37 @@ from relpos import cli
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (case, files to write under the test's folder {tmp}, command, the one line it must end with).
 MISTAKES = [
-    ("unknown config field", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
-                                  "--config.model.nosuch=1"],
-     "error: --config.model.nosuch: the config has no field 'nosuch'."),
+    ("unknown config field", {},
+     ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.model.nosuch=1"
+     ], "error: --config.model.nosuch: the config has no field 'nosuch'."),
     ("missing config file", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/nosuch.py"],
      "error: Configuration is not available because of an earlier failure to load: [Errno 2] "
      "No such file or directory: 'configs/nosuch.py'"),
-    ("unknown ablation row", {}, ["train.py", "--workdir={tmp}/run",
-                                  "--config=configs/ablation.py:foo"],
-     "error: flag --config=configs/ablation.py:foo: unknown ablation row 'foo'; allowed: abs, "),
-    ("override of another type", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
-                                      "--set=train.num_steps=abc"],
-     "error: override train.num_steps='abc': the field holds int values, e.g. 1000."),
-    ("unknown field, experiments", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
-                                        "--config.model.nosuch=1"],
-     "error: --config.model.nosuch: the config has no field 'nosuch'."),
-    ("malformed k", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
-                         "--table=k_sweep", "--rows=k=x"],
-     "error: ablation row 'k=x': k must be a non-negative integer, e.g. 'k=4'."),
-    ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--seeds=0"],
-     "error: no seeds to run: --seeds must be at least 1."),
-    ("config.json not JSON", {"run/config.json": '{"task": '},
-     ["eval.py", "--workdir={tmp}/run", "--split=test"],
+    ("unknown ablation row", {},
+     ["train.py", "--workdir={tmp}/run", "--config=configs/ablation.py:foo"
+     ], "error: flag --config=configs/ablation.py:foo: unknown ablation row 'foo'; allowed: abs, "),
+    ("override of another type", {},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=train.num_steps=abc"
+     ], "error: override train.num_steps='abc': the field holds int values, e.g. 1000."),
+    ("unknown field, experiments", {},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--config.model.nosuch=1"
+     ], "error: --config.model.nosuch: the config has no field 'nosuch'."),
+    ("malformed k", {},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--table=k_sweep",
+      "--rows=k=x"], "error: ablation row 'k=x': k must be a non-negative integer, e.g. 'k=4'."),
+    ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
+                      "--seeds=0"], "error: no seeds to run: --seeds must be at least 1."),
+    ("config.json not JSON", {"run/config.json": '{"task": '
+                             }, ["eval.py", "--workdir={tmp}/run", "--split=test"],
      "error: {tmp}/run/config.json is not valid JSON (Expecting value: line 1 column 10 "
      "(char 9))."),
-    ("config.json with __reduce__", {"run/config.json": '{"__reduce__": "os.system"}'},
-     ["eval.py", "--workdir={tmp}/run", "--split=test"],
+    ("config.json with __reduce__", {"run/config.json": '{"__reduce__": "os.system"}'
+                                    }, ["eval.py", "--workdir={tmp}/run", "--split=test"],
      "error: {tmp}/run/config.json does not hold a config: '__reduce__ cannot be overridden.'"),
     ("truncated result.json",
-     {"out/runs/synthetic-ablation-abs-seed0/result.json": '{"table": "abl'},
-     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows=abs"],
-     "error: {tmp}/out/runs/synthetic-ablation-abs-seed0/result.json is not valid JSON "
+     {"out/runs/synthetic-ablation-abs-seed0/result.json": '{"table": "abl'
+     }, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows=abs"
+        ], "error: {tmp}/out/runs/synthetic-ablation-abs-seed0/result.json is not valid JSON "
      "(Unterminated string starting at: line 1 column 11 (char 10)): delete it to evaluate that "
      "run again."),
 ]
@@ -148,9 +148,10 @@ def test_start_rejects_a_malformed_multihost(parsed_flags):
 
 
 def test_programs_exit_with_the_error_not_a_traceback(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "relpos.experiments.run", "--output_dir", str(tmp_path),
-       "--set=train.num_steps"], capture_output=True, text=True, check=False)
+  result = subprocess.run([
+      sys.executable, "-m", "relpos.experiments.run", "--output_dir",
+      str(tmp_path), "--set=train.num_steps"
+  ], capture_output=True, text=True, check=False)
   assert result.returncode == 1
   assert "error: --set 'train.num_steps': expected dotted.field=value." in result.stderr
   assert "Traceback" not in result.stderr
@@ -174,6 +175,7 @@ def test_run_turns_the_listed_errors_into_one_line(parsed_flags):
 
 def test_run_shortens_a_tensorstore_error_to_the_file_and_the_reason(parsed_flags):
   spec = "{" + ", ".join(f'"field_{i}": "{i:04d}"' for i in range(60)) + "}"
+
   def fail():
     raise ValueError(f"NOT_FOUND: Error opening \"zarr3\" driver: /runs/x/checkpoints/28/state "
                      f"is missing [tensorstore_spec='{spec}'] [source locations='a.cc:1']\n"
@@ -184,8 +186,8 @@ def test_run_shortens_a_tensorstore_error_to_the_file_and_the_reason(parsed_flag
   assert str(stop.value) == ('error: NOT_FOUND: Error opening "zarr3" driver: '
                              '/runs/x/checkpoints/28/state is missing')
   with pytest.raises(SystemExit, match=r"error: \[Errno 28\] No space left on device: 'runs/x'"):
-    cli.run(["prog"], lambda: (_ for _ in ()).throw(OSError(28, "No space left on device",
-                                                            "runs/x")))
+    cli.run(["prog"], lambda:
+            (_ for _ in ()).throw(OSError(28, "No space left on device", "runs/x")))
 
 
 @pytest.mark.parametrize("case, files, command, line", MISTAKES, ids=[m[0] for m in MISTAKES])
@@ -194,8 +196,8 @@ def test_user_mistakes_end_with_one_line(case, files, command, line, tmp_path):
   for name, text in files.items():
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / name).write_text(text, encoding="utf-8")
-  done = subprocess.run([sys.executable, *(arg.format(tmp=tmp_path) for arg in command)],
-                        cwd=ROOT, capture_output=True, text=True, check=False)
+  done = subprocess.run([sys.executable, *(arg.format(tmp=tmp_path) for arg in command)], cwd=ROOT,
+                        capture_output=True, text=True, check=False)
   assert done.returncode == 1
   assert done.stderr.strip().splitlines()[-1].startswith(line.format(tmp=tmp_path)), done.stderr
   assert "Traceback" not in done.stderr
@@ -217,12 +219,12 @@ def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
   """A one-run table: k=3 (off the paper's grid) on the tiny base, its budget set with
   --config.<field> and --set alike."""
   data_dir = tmp_path / "data"
-  subprocess.run([sys.executable, "-m", "relpos.experiments.run", "--table=k_sweep",
-                  "--task=tiny", "--rows=k=3", f"--output_dir={tmp_path}/out",
-                  "--config.train.num_steps=2", "--config.decode.validation_bleu=False",
-                  "--config.decode.length_diagnostics=False",
-                  f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"],
-                 cwd=ROOT, capture_output=True, text=True, check=True)
+  subprocess.run([
+      sys.executable, "-m", "relpos.experiments.run", "--table=k_sweep", "--task=tiny",
+      "--rows=k=3", f"--output_dir={tmp_path}/out", "--config.train.num_steps=2",
+      "--config.decode.validation_bleu=False", "--config.decode.length_diagnostics=False",
+      f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"
+  ], cwd=ROOT, capture_output=True, text=True, check=True)
   with open(tmp_path / "out" / "runs" / "tiny-k_sweep-k3-seed0" / "result.json") as f:
     result = json.load(f)
   assert result["k"] == 3 and result["config"]["model"]["max_relative_position"] == 3

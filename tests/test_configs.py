@@ -19,25 +19,55 @@ ABLATION_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "config
 
 # One invalid value per validated field (outside model.*, which TransformerConfig checks).
 INVALID = {
-    "seed": -1, "task.name": "wmt15", "task.tfds_data_dir": 3, "task.source_lang": "",
-    "task.target_lang": "", "task.manual_dir": None, "task.download_url": 1,
-    "task.vocab_size": 4, "task.spm_model_type": "wordpiece", "task.max_length": 1,
-    "task.overlong": "drop", "task.packing": 1, "task.shuffle_buffer_seed": -2,
-    "task.spm_seed": -3, "task.concat_probability": 1.5,
-    "task.synthetic.seed": 1.5, "task.synthetic.num_train": 0,
-    "task.synthetic.num_validation": 0, "task.synthetic.num_test": 0,
-    "task.synthetic.num_test_long": 0, "task.synthetic.min_words": 0,
-    "task.synthetic.max_words": 0, "task.synthetic.long_min_words": 0,
-    "task.synthetic.long_max_words": 0, "train.batch_size": 0, "train.num_steps": 0,
-    "train.learning_rate": 0.0, "train.warmup_steps": 0, "train.adam_b1": 1.0,
-    "train.adam_b2": -0.1, "train.adam_eps": 0.0, "train.weight_decay": -1.0,
-    "train.label_smoothing": 1.0, "train.grad_clip_norm": math.inf, "train.nonfinite": "ignore",
-    "train.max_skipped_fraction": 1.5, "train.grad_accumulation_steps": 0,
+    "seed": -1,
+    "task.name": "wmt15",
+    "task.tfds_data_dir": 3,
+    "task.source_lang": "",
+    "task.target_lang": "",
+    "task.manual_dir": None,
+    "task.download_url": 1,
+    "task.vocab_size": 4,
+    "task.spm_model_type": "wordpiece",
+    "task.max_length": 1,
+    "task.overlong": "drop",
+    "task.packing": 1,
+    "task.shuffle_buffer_seed": -2,
+    "task.spm_seed": -3,
+    "task.concat_probability": 1.5,
+    "task.synthetic.seed": 1.5,
+    "task.synthetic.num_train": 0,
+    "task.synthetic.num_validation": 0,
+    "task.synthetic.num_test": 0,
+    "task.synthetic.num_test_long": 0,
+    "task.synthetic.min_words": 0,
+    "task.synthetic.max_words": 0,
+    "task.synthetic.long_min_words": 0,
+    "task.synthetic.long_max_words": 0,
+    "train.batch_size": 0,
+    "train.num_steps": 0,
+    "train.learning_rate": 0.0,
+    "train.warmup_steps": 0,
+    "train.adam_b1": 1.0,
+    "train.adam_b2": -0.1,
+    "train.adam_eps": 0.0,
+    "train.weight_decay": -1.0,
+    "train.label_smoothing": 1.0,
+    "train.grad_clip_norm": math.inf,
+    "train.nonfinite": "ignore",
+    "train.max_skipped_fraction": 1.5,
+    "train.grad_accumulation_steps": 0,
     "train.early_stopping_patience": -1,
-    "train.log_every_steps": 0, "train.eval_every_steps": 0, "train.checkpoint_every_steps": 0,
-    "train.keep_checkpoints": 0, "train.eval_batch_size": 0, "decode.beam_size": 0,
-    "decode.checkpoint": "average:1", "decode.alpha": -0.5, "decode.max_decode_len": -1,
-    "decode.validation_bleu": "yes", "decode.other_checkpoints": "best,average:x",
+    "train.log_every_steps": 0,
+    "train.eval_every_steps": 0,
+    "train.checkpoint_every_steps": 0,
+    "train.keep_checkpoints": 0,
+    "train.eval_batch_size": 0,
+    "decode.beam_size": 0,
+    "decode.checkpoint": "average:1",
+    "decode.alpha": -0.5,
+    "decode.max_decode_len": -1,
+    "decode.validation_bleu": "yes",
+    "decode.other_checkpoints": "best,average:x",
     "decode.length_diagnostics": "yes",
 }
 
@@ -51,8 +81,10 @@ def _set(config, path, value):
     node[leaf] = value
 
 
-FIELDS = {f"{section}.{name}" if section else name: field
-          for section, declared in run_config.SECTIONS.items() for name, field in declared.items()}
+FIELDS = {
+    f"{section}.{name}" if section else name: field
+    for section, declared in run_config.SECTIONS.items() for name, field in declared.items()
+}
 
 
 def test_every_rule_has_an_invalid_case():
@@ -86,7 +118,7 @@ def test_cross_field_rules():
   config = default.get_config()
   config.task.synthetic.min_words = 20
   with pytest.raises(ValueError, match="task.synthetic.min_words=20 must be <= "
-                                       "task.synthetic.max_words=12"):
+                     "task.synthetic.max_words=12"):
     run_config.validate(config)
   config = default.get_config()
   config.decode.max_decode_len = 300
@@ -133,8 +165,8 @@ def test_multi30k_gpu_is_the_transformer_tiny_recipe():
   model, train = config.model, config.train
   assert (model.num_encoder_layers, model.num_decoder_layers) == (4, 4)
   assert (model.emb_dim, model.mlp_dim, model.num_heads) == (128, 256, 4)
-  assert (model.dropout_rate, model.attention_dropout_rate, train.label_smoothing) == (
-      0.3, 0.0, 0.1)
+  assert (model.dropout_rate, model.attention_dropout_rate, train.label_smoothing) == (0.3, 0.0,
+                                                                                       0.1)
   assert (train.learning_rate, train.warmup_steps, train.batch_size) == (0.005, 2000, 64)
   assert (config.task.vocab_size, config.task.spm_model_type) == (10000, "bpe")
   assert (model.dtype, model.attention_implementation) == ("bfloat16", "auto")
@@ -153,8 +185,8 @@ def test_multi30k_gpu_is_the_transformer_tiny_recipe():
     ("alibi", {"position": "alibi"}),
     ("fire", {"position": "fire", "fire_hidden": 32, "fire_init_threshold": 16.0}),
     ("shape", {"position": "shape", "absolute_type": "sinusoidal", "shape_max_shift": 500}),
-    ("randomized", {"position": "randomized", "randomized_max_position": 2048,
-                    "randomized_eval_stride": 1}),
+    ("randomized",
+     {"position": "randomized", "randomized_max_position": 2048, "randomized_eval_stride": 1}),
     ("k=4", {"position": "relative", "max_relative_position": 4, "add_absolute": False}),
 ])
 def test_ablation_rows(row, expected):
@@ -203,8 +235,10 @@ def test_ablation_bad_strings(string, message):
 
 
 def test_command_line_row_task_and_overrides():
-  argv = ["prog", f"--config={ABLATION_FILE}:rel_k,multi30k",
-          "--config.model.max_relative_position=8", "--config.task.name=wmt14"]
+  argv = [
+      "prog", f"--config={ABLATION_FILE}:rel_k,multi30k", "--config.model.max_relative_position=8",
+      "--config.task.name=wmt14"
+  ]
   flag_values = flags.FlagValues()
   holder = config_flags.DEFINE_config_file("config", flag_values=flag_values, sys_argv=argv)
   flag_values(argv)

@@ -81,11 +81,12 @@ def test_builder_on_the_shared_folder(tmp_path):
     pytest.skip(f"Multi30K is not at {SHARED}")
   dataset = multi30k.load(_task_config(tmp_path, manual_dir=SHARED), str(tmp_path))
   sources = dataset.data_sources()
-  assert {s: len(sources[s]) for s in dataset.splits} == {
-      "train": 29000, "validation": 1014, "test_2016_flickr": 1000}
+  assert {s: len(sources[s]) for s in dataset.splits
+         } == {"train": 29000, "validation": 1014, "test_2016_flickr": 1000}
   first = sources["test_2016_flickr"][0]
-  assert (first["source"].decode(), first["target"].decode()) == multi30k.read_split(
-      SHARED, "test_2016_flickr", "en", "de")[0]
+  assert (first["source"].decode(),
+          first["target"].decode()) == multi30k.read_split(SHARED, "test_2016_flickr", "en",
+                                                           "de")[0]
 
 
 def test_builder_from_folder(raw_dir, tmp_path):
@@ -95,8 +96,8 @@ def test_builder_from_folder(raw_dir, tmp_path):
   assert len(task.target_texts("test_2016_flickr")) == 30
   sources = multi30k.read_lines(str(raw_dir / "val.en.gz"))
   targets = multi30k.read_lines(str(raw_dir / "val.de.gz"))
-  assert sorted(zip(task.source_texts("validation"), task.target_texts("validation"))) == sorted(
-      zip(sources, targets))
+  assert sorted(zip(task.source_texts("validation"),
+                    task.target_texts("validation"))) == sorted(zip(sources, targets))
 
 
 def test_other_language_pair_and_optional_split(raw_dir, tmp_path):
@@ -106,8 +107,7 @@ def test_other_language_pair_and_optional_split(raw_dir, tmp_path):
     shutil.copy(directory / f"{stem}.de.gz", directory / f"{stem}.fr.gz")
   shutil.copy(directory / "val.en.gz", directory / "test_2017_flickr.en.gz")
   shutil.copy(directory / "val.de.gz", directory / "test_2017_flickr.fr.gz")
-  task = pipeline.Task(_task_config(tmp_path / "tfds", manual_dir=str(directory),
-                                    target_lang="fr"))
+  task = pipeline.Task(_task_config(tmp_path / "tfds", manual_dir=str(directory), target_lang="fr"))
   assert "test_2017_flickr" in task.splits and "test_2017_mscoco" not in task.splits
   assert len(task.source_texts("test_2017_flickr")) == 40
 
@@ -133,7 +133,6 @@ def serve(tmp_path):
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
   """Serves files without logging each request to stderr."""
-
   def log_message(self, *args):
     del args
 

@@ -12,29 +12,34 @@ ROWS, LENGTH, SEED = 8, 16, 3
 def _examples(count: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
   """Random examples of 1-16 tokens a side (ids 2-99), some at the full row length."""
   rng = np.random.default_rng(seed)
-  return [{k: rng.integers(2, 100, rng.integers(1, LENGTH + 1)).astype(np.int32)
-           for k in packing.FEATURES} for _ in range(count)]
+
+  def tokens() -> np.ndarray:
+    return rng.integers(2, 100, rng.integers(1, LENGTH + 1)).astype(np.int32)
+
+  return [{k: tokens() for k in packing.FEATURES} for _ in range(count)]
 
 
 def _stream(examples) -> grain.IterDataset:
-  return (grain.MapDataset.source(examples).seed(7).shuffle().repeat()
-          .to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+  return (grain.MapDataset.source(examples).seed(7).shuffle().repeat().to_iter_dataset(
+      grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
 
 
 def _grain_batches(examples) -> grain.DatasetIterator:
   """grain's packer, its keys renamed to relpos's."""
   packed = grain.experimental.FirstFitPackIterDataset(
-      _stream(examples), length_struct={k: LENGTH for k in packing.FEATURES},
-      num_packing_bins=ROWS, seed=SEED)
-  names = {f"{k}_{theirs}": f"{k}_{ours}" for k in packing.FEATURES
-           for theirs, ours in (("segment_ids", "segmentation"), ("positions", "position"))}
-  return iter(packed.batch(ROWS).map(
-      lambda batch: {names.get(k, k): np.asarray(v, np.int32) for k, v in batch.items()}))
+      _stream(examples), length_struct={k: LENGTH for k in packing.FEATURES}, num_packing_bins=ROWS,
+      seed=SEED)
+  names = {
+      f"{k}_{theirs}": f"{k}_{ours}" for k in packing.FEATURES
+      for theirs, ours in (("segment_ids", "segmentation"), ("positions", "position"))
+  }
+  return iter(
+      packed.batch(ROWS).map(
+          lambda batch: {names.get(k, k): np.asarray(v, np.int32) for k, v in batch.items()}))
 
 
 def _relpos_batches(examples) -> grain.DatasetIterator:
-  return iter(packing.FirstFitPackedBatches(_stream(examples), rows=ROWS, length=LENGTH,
-                                            seed=SEED))
+  return iter(packing.FirstFitPackedBatches(_stream(examples), rows=ROWS, length=LENGTH, seed=SEED))
 
 
 def _assert_same_batch(ours, theirs):
@@ -79,8 +84,7 @@ def test_rows_hold_every_token_once_with_restarting_positions():
       assert count >= 1 and set(segments[segments > 0]) == set(range(1, count + 1))
       for segment in range(1, count + 1):
         where = segments == segment
-        np.testing.assert_array_equal(batch[f"{k}_position"][row][where],
-                                      np.arange(where.sum()))
+        np.testing.assert_array_equal(batch[f"{k}_position"][row][where], np.arange(where.sum()))
       assert not batch[k][row][segments == 0].any()
 
 

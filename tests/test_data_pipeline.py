@@ -74,8 +74,9 @@ def _segments(batch) -> list[tuple]:
 
 def _examples(task, shard_index=0, shard_count=1) -> Counter:
   examples, _ = task.train_examples()
-  return Counter(_key(examples[i]["inputs"], examples[i]["targets"])
-                 for i in range(shard_index, len(examples), shard_count))
+  return Counter(
+      _key(examples[i]["inputs"], examples[i]["targets"])
+      for i in range(shard_index, len(examples), shard_count))
 
 
 def _segments_until(iterator, size: int) -> Counter:
@@ -109,9 +110,9 @@ def test_hosts_pack_disjoint_shards(task):
     task.train_iterator(8, seed=0, shard_count=3)
   for host in range(2):
     expected = _examples(task, host, 2)
-    _assert_covers(_segments_until(
-        task.train_iterator(16, seed=0, shard_index=host, shard_count=2), expected.total()),
-                   expected)
+    _assert_covers(
+        _segments_until(task.train_iterator(16, seed=0, shard_index=host, shard_count=2),
+                        expected.total()), expected)
 
 
 def _assert_same_batches(iterator, expected):
@@ -194,8 +195,7 @@ def test_overlong_examples_are_counted(data_dir, overlong, caplog):
   assert stats.num_examples == NUM_TRAIN and stats.action == overlong
   assert 0 < stats.num_overlong < NUM_TRAIN
   assert f"{stats.num_overlong} of {NUM_TRAIN} examples have more than" in caplog.text
-  assert len(examples) == (NUM_TRAIN - stats.num_overlong if overlong == "filter"
-                           else NUM_TRAIN)
+  assert len(examples) == (NUM_TRAIN - stats.num_overlong if overlong == "filter" else NUM_TRAIN)
   for key in pipeline.FEATURES:
     assert examples.lengths(key).max() <= 12
     for i in range(len(examples)):  # one EOS, at the end
@@ -249,8 +249,9 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_refused(task, data_dir):
   """A tokenizer file with more pieces than task.vocab_size would feed ids past the embedding."""
   path = task.tokenizer.path.replace("-120-", "-16-")
   shutil.copyfile(task.tokenizer.path, path)
-  with pytest.raises(ValueError, match=f"{path} holds {task.tokenizer.vocab_size} pieces, more "
-                     "than task.vocab_size=16"):
+  with pytest.raises(
+      ValueError, match=f"{path} holds {task.tokenizer.vocab_size} pieces, more "
+      "than task.vocab_size=16"):
     pipeline.Task(_task_config(data_dir, vocab_size=16))
 
 
@@ -282,8 +283,8 @@ def _is_joined(inputs: tuple, targets: tuple, examples: Counter) -> bool:
   """Whether (inputs, targets) is a training pair without its final EOS, then another."""
   for first_inputs, first_targets in examples:
     n, m = len(first_inputs) - 1, len(first_targets) - 1
-    if (inputs[:n] == first_inputs[:-1] and targets[:m] == first_targets[:-1]
-        and (inputs[n:], targets[m:]) in examples):
+    if (inputs[:n] == first_inputs[:-1] and targets[:m] == first_targets[:-1] and
+        (inputs[n:], targets[m:]) in examples):
       return True
   return False
 
@@ -303,9 +304,10 @@ def test_concatenated_examples_are_two_joined_pairs_at_the_rate(concat_task):
 
 def test_concatenated_joins_at_the_probability_and_respects_max_length():
   rng = np.random.default_rng(0)
-  pairs = [{"inputs": np.append(rng.integers(3, 50, n), 1).astype(np.int32),
-            "targets": np.append(rng.integers(3, 50, n + 1), 1).astype(np.int32)}
-           for n in rng.integers(1, 4, 50)]
+  pairs = [{
+      "inputs": np.append(rng.integers(3, 50, n), 1).astype(np.int32),
+      "targets": np.append(rng.integers(3, 50, n + 1), 1).astype(np.int32)
+  } for n in rng.integers(1, 4, 50)]
   source = grain.MapDataset.source(pairs)
   stream = pipeline.concatenated(source.repeat(), source, 0.3, 32, seed=5)
   lengths = [len(stream[i]["inputs"]) for i in range(4000)]
@@ -337,20 +339,22 @@ def _damage(folder, damage: str) -> None:
     (folder / "dataset_info.json").write_text("garbage{", encoding="utf-8")
 
 
-@pytest.mark.parametrize("damage, cause", [
-    ("deleted shard", r"open\(\) failed: No such file or directory"),
-    ("shard cut to 1000 bytes", r"ArrayRecord file should be at least 64KB big"),
-    ("shard cut to half", r"example 0 of split 'train' has no source text: a truncated shard"),
-    ("garbage dataset_info.json", r"Failed to load JSON")])
+@pytest.mark.parametrize(
+    "damage, cause",
+    [("deleted shard", r"open\(\) failed: No such file or directory"),
+     ("shard cut to 1000 bytes", r"ArrayRecord file should be at least 64KB big"),
+     ("shard cut to half", r"example 0 of split 'train' has no source text: a truncated shard"),
+     ("garbage dataset_info.json", r"Failed to load JSON")])
 def test_damaged_prepared_data_names_its_folder(task, tmp_path, damage, cause):
   root = tmp_path / "data"
   shutil.copytree(task.info.data_dir.rsplit("/synthetic_translation/", 1)[0], root)
   folder = root / task.info.data_dir.rsplit("/synthetic_translation/", 1)[1].join(
       ["synthetic_translation/", ""])
   _damage(folder, damage)
-  with pytest.raises(datasets.DamagedDataError, match=(
-      rf"^prepared data in {folder} is damaged \({cause}.*\): move it aside \(mv {folder} "
-      rf"{folder}.damaged\) and run again to prepare it again.$")):
+  with pytest.raises(
+      datasets.DamagedDataError,
+      match=(rf"^prepared data in {folder} is damaged \({cause}.*\): move it aside \(mv {folder} "
+             rf"{folder}.damaged\) and run again to prepare it again.$")):
     pipeline.Task(_task_config(root, max_length=32))
   folder.rename(f"{folder}.damaged")  # what the message says: the next run prepares it again
   again = pipeline.Task(_task_config(root, max_length=32))

@@ -21,8 +21,7 @@ def _task_config(data_dir, **synthetic_fields):
 
 def _pairs(dataset, split):
   source = dataset.data_sources()[split]
-  return [(source[i]["source"].decode(), source[i]["target"].decode())
-          for i in range(len(source))]
+  return [(source[i]["source"].decode(), source[i]["target"].decode()) for i in range(len(source))]
 
 
 def test_generation_is_deterministic_and_in_length_range():
@@ -35,15 +34,15 @@ def test_generation_is_deterministic_and_in_length_range():
 
 
 def test_target_has_own_lexicon_verb_final_and_case_marking():
-  clause = synthetic.Clause(
-      subject=synthetic.NounPhrase("the", ["big"], "dog", False),
-      verb="see", obj=synthetic.NounPhrase("a", [], "cat", False), adjunct=None)
+  clause = synthetic.Clause(subject=synthetic.NounPhrase("the", ["big"], "dog", False), verb="see",
+                            obj=synthetic.NounPhrase("a", [], "cat", False), adjunct=None)
   source, target = synthetic._sentence([clause])  # pylint: disable=protected-access
   lex = synthetic.LEXICON
   assert source == "the big dog sees a cat"
   # Subject (noun-adjective-determiner, case -a), object (case -o), verb last (-t: singular).
-  assert target.split() == [lex["dog"] + "a", lex["big"], lex["the"], lex["cat"] + "o", lex["a"],
-                            lex["see"] + "t"]
+  assert target.split() == [
+      lex["dog"] + "a", lex["big"], lex["the"], lex["cat"] + "o", lex["a"], lex["see"] + "t"
+  ]
   swapped_source, swapped_target = synthetic._sentence([clause.swapped()])  # pylint: disable=protected-access
   assert Counter(swapped_source.split()) == Counter(source.split())
   assert swapped_target != target
@@ -51,13 +50,14 @@ def test_target_has_own_lexicon_verb_final_and_case_marking():
 
 def test_plural_subject_changes_verb_agreement_and_noun():
   subject = synthetic.NounPhrase("the", [], "dog", True)
-  clause = synthetic.Clause(subject, "sleep", None, ("under", synthetic.NounPhrase(
-      "a", [], "tree", False)))
+  clause = synthetic.Clause(subject, "sleep", None,
+                            ("under", synthetic.NounPhrase("a", [], "tree", False)))
   source, target = synthetic._sentence([clause])  # pylint: disable=protected-access
   lex = synthetic.LEXICON
   assert source == "the dogs sleep under a tree"
-  assert target.split() == [lex["dog"] + "mia", lex["the"], lex["tree"] + "e", lex["a"],
-                            lex["under"], lex["sleep"] + "n"]
+  assert target.split() == [
+      lex["dog"] + "mia", lex["the"], lex["tree"] + "e", lex["a"], lex["under"], lex["sleep"] + "n"
+  ]
 
 
 def test_test_split_holds_word_order_ambiguity():
@@ -76,8 +76,9 @@ def test_test_split_holds_word_order_ambiguity():
 
 
 def test_length_ranges_are_checked():
-  with pytest.raises(ValueError, match="task.synthetic.max_words=2 must be at least "
-                     "task.synthetic.min_words=1 and at least 3"):
+  with pytest.raises(
+      ValueError, match="task.synthetic.max_words=2 must be at least "
+      "task.synthetic.min_words=1 and at least 3"):
     synthetic.SyntheticParams(min_words=1, max_words=2)
   with pytest.raises(ValueError, match="long_min_words=12 must exceed task.synthetic.max_words=12"):
     synthetic.SyntheticParams(long_min_words=12)

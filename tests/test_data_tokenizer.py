@@ -6,13 +6,15 @@ import pytest
 
 from relpos.data import tokenizer as tokenizer_lib
 
-SENTENCES = ["the dog sees the cat", "a small bird sings near the river",
-             "Zwei Hunde spielen im Schnee.", "le chat dort"] * 50
+SENTENCES = [
+    "the dog sees the cat", "a small bird sings near the river", "Zwei Hunde spielen im Schnee.",
+    "le chat dort"
+] * 50
 
 
 def test_round_trip_and_special_ids(tmp_path):
-  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
-                                              vocab_size=60, model_type="unigram", seed=0)
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=60,
+                                              model_type="unigram", seed=0)
   for text in SENTENCES[:4]:
     ids = tok.encode(text)
     assert ids[-1] == tokenizer_lib.EOS_ID
@@ -24,8 +26,8 @@ def test_round_trip_and_special_ids(tmp_path):
 
 def test_tokenizer_smaller_than_requested_decodes_every_id(tmp_path):
   """SentencePiece gives fewer pieces than asked on a small corpus; decode never fails."""
-  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
-                                              vocab_size=200, model_type="unigram", seed=0)
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=200,
+                                              model_type="unigram", seed=0)
   assert tok.vocab_size < 200
   ids = tok.encode("the dog")[:-1]
   unknown = tok.decode([tokenizer_lib.UNK_ID])
@@ -36,29 +38,30 @@ def test_tokenizer_smaller_than_requested_decodes_every_id(tmp_path):
 
 def test_cached_model_is_reused_and_training_deterministic(tmp_path):
   path = str(tmp_path / "sub" / "t.model")
-  first = tokenizer_lib.load_or_train_tokenizer(path, SENTENCES, vocab_size=50,
-                                                model_type="bpe", seed=0)
+  first = tokenizer_lib.load_or_train_tokenizer(path, SENTENCES, vocab_size=50, model_type="bpe",
+                                                seed=0)
   assert os.path.exists(path) and first.path == path
-  again = tokenizer_lib.load_or_train_tokenizer(path, iter(()), vocab_size=50,
+  again = tokenizer_lib.load_or_train_tokenizer(path, iter(()), vocab_size=50, model_type="bpe",
+                                                seed=0)
+  other = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "u.model"), SENTENCES, vocab_size=50,
                                                 model_type="bpe", seed=0)
-  other = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "u.model"), SENTENCES,
-                                                vocab_size=50, model_type="bpe", seed=0)
   for text in SENTENCES[:4]:
     assert first.encode(text) == again.encode(text) == other.encode(text)
   assert [p for p in os.listdir(tmp_path / "sub")] == ["t.model"]  # no temporary left
 
 
 def test_encode_batch_matches_encode(tmp_path):
-  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES,
-                                              vocab_size=60, model_type="unigram", seed=0)
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=60,
+                                              model_type="unigram", seed=0)
   assert tok.encode_batch(SENTENCES[:4]) == [tok.encode(text) for text in SENTENCES[:4]]
 
 
 def test_training_sample_is_seeded(monkeypatch):
   """Above MAX_TRAINING_SENTENCES, a seeded sample is trained on: same seed, same model."""
   monkeypatch.setattr(tokenizer_lib, "MAX_TRAINING_SENTENCES", 20)
-  corpus = [f"sentence number {i} says {'ab' * (i % 7)} {'xyz'[i % 3] * (i % 5)}"
-            for i in range(300)]
+  corpus = [
+      f"sentence number {i} says {'ab' * (i % 7)} {'xyz'[i % 3] * (i % 5)}" for i in range(300)
+  ]
 
   def train(seed):
     return tokenizer_lib.train_tokenizer(iter(corpus), vocab_size=40, model_type="bpe",

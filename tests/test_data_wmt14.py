@@ -15,8 +15,7 @@ from relpos.data import wmt14
 
 def _task_config(data_dir, **fields):
   config = default.get_config().task
-  config.update(name="wmt14", tfds_data_dir=str(data_dir), vocab_size=80, max_length=64,
-                **fields)
+  config.update(name="wmt14", tfds_data_dir=str(data_dir), vocab_size=80, max_length=64, **fields)
   return config
 
 
@@ -33,14 +32,16 @@ def test_mock_data_through_the_pipeline(tmp_path, monkeypatch):
     batch = next(task.train_iterator(2, seed=0))
     assert batch["inputs"].shape == (2, 64)
     assert (batch["inputs_segmentation"] > 0).sum() == (batch["inputs"] > 0).sum() > 0
-    assert np.array_equal(task.eval_examples("test")[0]["inputs"],
-                          task.tokenizer.encode(task.source_texts("test")[0]))
+    assert np.array_equal(
+        task.eval_examples("test")[0]["inputs"],
+        task.tokenizer.encode(task.source_texts("test")[0]))
 
 
 def test_unprepared_without_tensorflow_says_how_to_prepare(tmp_path, monkeypatch):
   monkeypatch.setattr(wmt14, "tensorflow_installed", lambda: False)
-  with pytest.raises(RuntimeError, match=f"not prepared in {tmp_path}.*tfds build "
-                     "wmt14_translate/de-en --file_format=array_record"):
+  with pytest.raises(
+      RuntimeError, match=f"not prepared in {tmp_path}.*tfds build "
+      "wmt14_translate/de-en --file_format=array_record"):
     pipeline.Task(_task_config(tmp_path))
 
 

@@ -23,7 +23,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def penalty(length: int, alpha: float) -> float:
-  return ((5.0 + length) / 6.0) ** alpha
+  return ((5.0 + length) / 6.0)**alpha
 
 
 def prefix_decoder(table: np.ndarray):
@@ -90,8 +90,8 @@ def exhaustive_search(table: np.ndarray, alpha: float) -> list[tuple[float, list
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_full_width_beam_search_equals_exhaustive_search(alpha):
   length, batch = 4, 2
-  beam = 3 ** (length - 1)  # every live prefix fits: the search is exact.
-  table = np.random.default_rng(0).normal(size=(batch, length, VOCAB ** (length - 1), VOCAB))
+  beam = 3**(length - 1)  # every live prefix fits: the search is exact.
+  table = np.random.default_rng(0).normal(size=(batch, length, VOCAB**(length - 1), VOCAB))
   tokens_to_logits, init_cache = prefix_decoder(table * 2.0)
   sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=batch,
                                          beam_size=beam, alpha=alpha, max_decode_len=length)
@@ -103,7 +103,7 @@ def test_full_width_beam_search_equals_exhaustive_search(alpha):
 
 def test_narrow_beam_scores_are_penalized_log_probs():
   length, batch, beam, alpha = 4, 2, 2, 0.6
-  table = np.random.default_rng(1).normal(size=(batch, length, VOCAB ** (length - 1), VOCAB))
+  table = np.random.default_rng(1).normal(size=(batch, length, VOCAB**(length - 1), VOCAB))
   tokens_to_logits, init_cache = prefix_decoder(table)
   sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=batch,
                                          beam_size=beam, alpha=alpha, max_decode_len=length)
@@ -163,11 +163,11 @@ def test_eos_at_first_step_and_padding():
   table = np.zeros((1, 5, VOCAB, VOCAB))
   table[..., EOS] = 5.0  # eos is by far the most likely token everywhere.
   tokens_to_logits, init_cache = previous_token_decoder(table)
-  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(3), batch_size=1,
-                                         beam_size=3, alpha=0.6, max_decode_len=5)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(3), batch_size=1, beam_size=3,
+                                         alpha=0.6, max_decode_len=5)
   np.testing.assert_array_equal(sequences[0, 0], [EOS, 0, 0, 0, 0])
-  np.testing.assert_allclose(scores[0, 0], log_softmax(table[0, 0, 0])[EOS] / penalty(1, 0.6),
-                             rtol=1e-5)
+  np.testing.assert_allclose(scores[0, 0],
+                             log_softmax(table[0, 0, 0])[EOS] / penalty(1, 0.6), rtol=1e-5)
   assert (np.asarray(sequences[0, 1:, 1]) == EOS).all()  # then x, eos for the two runners-up
 
 
@@ -187,8 +187,7 @@ def greedy_reference(table: np.ndarray) -> np.ndarray:
 def test_greedy_search_matches_argmax_reference():
   table = np.random.default_rng(2).normal(size=(3, 6, VOCAB, VOCAB))
   tokens_to_logits, init_cache = previous_token_decoder(table)
-  sequences = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3,
-                                   max_decode_len=6)
+  sequences = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3, max_decode_len=6)
   expected = greedy_reference(table)
   assert (expected == EOS).any(axis=1).sum() >= 2  # the case covers eos termination.
   np.testing.assert_array_equal(sequences, expected)
@@ -219,9 +218,8 @@ def test_searches_never_emit_ids_beyond_the_output_vocabulary():
   greedy = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=2, max_decode_len=5,
                                 output_vocab_size=3)
   np.testing.assert_array_equal(greedy, [[EOS, 0, 0, 0, 0]] * 2)
-  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=2,
-                                         beam_size=2, alpha=0.6, max_decode_len=5,
-                                         output_vocab_size=3)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=2, beam_size=2,
+                                         alpha=0.6, max_decode_len=5, output_vocab_size=3)
   assert np.asarray(sequences).max() <= 2
   for b in range(2):
     # Scores stay the log-probabilities of the full softmax the model was trained with.
@@ -230,8 +228,9 @@ def test_searches_never_emit_ids_beyond_the_output_vocabulary():
     np.testing.assert_array_equal(sequences[b, 0], [EOS, 0, 0, 0, 0])
     end = list(np.asarray(sequences[b, 1])).index(EOS) + 1
     np.testing.assert_allclose(
-        scores[b, 1], sequence_log_prob(table[b], sequences[b, 1, :end], by_prefix=False)
-        / penalty(end, 0.6), rtol=1e-5)
+        scores[b, 1],
+        sequence_log_prob(table[b], sequences[b, 1, :end], by_prefix=False) / penalty(end, 0.6),
+        rtol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -248,10 +247,11 @@ def test_invalid_search_arguments(kwargs, message):
     decode.beam_search(tokens_to_logits, init_cache(2), **args)
 
 
-def bounded_exhaustive_search(table: np.ndarray, alpha: float, low: int, high: int
-                              ) -> list[tuple[float, list[int]]]:
+def bounded_exhaustive_search(table: np.ndarray, alpha: float, low: int,
+                              high: int) -> list[tuple[float, list[int]]]:
   """`exhaustive_search` of the sequences that end with eos at a length in [low, high]."""
-  return [(score, sequence) for score, sequence in exhaustive_search(table, alpha)
+  return [(score, sequence)
+          for score, sequence in exhaustive_search(table, alpha)
           if EOS in sequence and low <= sequence.index(EOS) + 1 <= high]
 
 
@@ -260,8 +260,8 @@ def test_length_bounds_keep_exactly_the_sequences_of_allowed_length(alpha):
   # Full width: the bounded search is exact, so it equals the exhaustive search restricted to
   # the allowed lengths; row 0 and row 2 are oracle-length (min = max), row 1 a range.
   length, batch = 4, 3
-  beam = 3 ** (length - 1)
-  table = np.random.default_rng(5).normal(size=(batch, length, VOCAB ** (length - 1), VOCAB))
+  beam = 3**(length - 1)
+  table = np.random.default_rng(5).normal(size=(batch, length, VOCAB**(length - 1), VOCAB))
   min_len, max_len = np.array([1, 2, 3]), np.array([1, 4, 3])
   tokens_to_logits, init_cache = prefix_decoder(table * 2.0)
   sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=batch,
@@ -270,8 +270,7 @@ def test_length_bounds_keep_exactly_the_sequences_of_allowed_length(alpha):
   for b in range(batch):
     expected = bounded_exhaustive_search(table[b] * 2.0, alpha, min_len[b], max_len[b])[:beam]
     found = len(expected)
-    np.testing.assert_allclose(scores[b, :found], [s for s, _ in expected], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(scores[b, :found], [s for s, _ in expected], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(sequences[b, :found], [seq for _, seq in expected])
     assert np.all(np.asarray(scores[b, found:]) == -np.inf)
     assert not np.asarray(sequences[b, found:]).any()
@@ -317,5 +316,6 @@ def test_bounds_that_allow_every_length_change_nothing_bitwise():
     assert np.array_equal(np.asarray(want), np.asarray(got))  # bitwise, scores included
   greedy = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3, max_decode_len=6)
   np.testing.assert_array_equal(
-      greedy, decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3,
-                                   max_decode_len=6, **loose))
+      greedy,
+      decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=3, max_decode_len=6,
+                           **loose))

@@ -44,8 +44,10 @@ def anchors(page: pathlib.Path) -> set[str]:
 
 
 def _links(page: pathlib.Path) -> list[str]:
-  return [link for link in LINK.findall(_without_code(page.read_text(encoding="utf-8")))
-          if not re.match(r"[a-z]+:", link)]
+  return [
+      link for link in LINK.findall(_without_code(page.read_text(encoding="utf-8")))
+      if not re.match(r"[a-z]+:", link)
+  ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -90,8 +92,9 @@ def test_readme_results_tables_equal_their_sources():
 
 
 def test_table_selection_and_transpose(tmp_path, monkeypatch):
-  (tmp_path / "t.md").write_text("# t\n\n## a\n\n| row | x | y |\n| --- | --- | --- |\n"
-                                 "| r1 | 1 | 2 |\n| r2 | 3 | 4 |\n", encoding="utf-8")
+  (tmp_path / "t.md").write_text(
+      "# t\n\n## a\n\n| row | x | y |\n| --- | --- | --- |\n"
+      "| r1 | 1 | 2 |\n| r2 | 3 | 4 |\n", encoding="utf-8")
   monkeypatch.setattr(readme_tables, "ROOT", str(tmp_path))
   marked = ('<!-- table: t.md section=a rows="r2" columns="row|y" transpose -->\n'
             "old\n<!-- /table -->")

@@ -36,8 +36,9 @@ def run_fixture(translating_run):
 def test_evaluate_reproduces_in_training_validation(run, tmp_path):
   _, workdir, validation = run
   assert validation[300]["bleu"] != validation[400]["bleu"]
-  for checkpoint, step in (("latest", 400), (300, 300), ("best", max(
-      (300, 400), key=lambda s: validation[s]["bleu"]))):
+  for checkpoint, step in (("latest", 400), (300, 300), ("best",
+                                                         max((300, 400),
+                                                             key=lambda s: validation[s]["bleu"]))):
     result = evaluate.evaluate_checkpoint(workdir, checkpoint=checkpoint, split="validation",
                                           output_dir=str(tmp_path))
     assert result["step"] == step
@@ -87,7 +88,6 @@ def test_input_file_line_beyond_the_source_bound_is_refused_naming_it(run, tmp_p
 
 class _CharTokenizer:
   """Stands in for the SentencePiece tokenizer: one id per character, then eos."""
-
   def encode(self, text: str) -> list[int]:
     return [3 + ord(c) % 50 for c in text] + [1]
 
@@ -159,10 +159,11 @@ def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):
   for name in ("config.py", "__init__.py", "sitecustomize.py"):
     with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
       f.write(f"open({str(marker)!r}, 'w').close()\n")
-  done = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "eval.py"), f"--workdir={workdir}",
-       "--split=validation", f"--output_dir={tmp_path}"],
-      cwd=workdir, capture_output=True, text=True, check=False, timeout=300)
+  done = subprocess.run([
+      sys.executable,
+      os.path.join(ROOT, "eval.py"), f"--workdir={workdir}", "--split=validation",
+      f"--output_dir={tmp_path}"
+  ], cwd=workdir, capture_output=True, text=True, check=False, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   result = json.loads(done.stdout)
   assert result["bleu"] == validation[400]["bleu"] and result["chrf"] == validation[400]["chrf"]
@@ -236,21 +237,21 @@ def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
   """A run stopped at step 552 and resumed keeps that checkpoint a while: average:N takes the
   steps an uninterrupted run saves (multiples of the checkpoint or evaluation interval, and the
   last step), so both average the same parameters."""
-  train_config = ml_collections.ConfigDict({"checkpoint_every_steps": 100, "eval_every_steps": 500,
-                                     "num_steps": 1050})
-  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051], train_config) == [
-      500, 600, 700, 1000, 1050]
+  train_config = ml_collections.ConfigDict(
+      {"checkpoint_every_steps": 100, "eval_every_steps": 500, "num_steps": 1050})
+  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051],
+                                  train_config) == [500, 600, 700, 1000, 1050]
   train_config.checkpoint_every_steps = 300
   assert evaluate.scheduled_steps([300, 500, 552, 600], train_config) == [300, 500, 600]
 
 
 def test_output_names_say_what_was_evaluated():
   assert evaluate.output_name("test", "latest", 12, 4, 0.6) == "test.latest.step12.beam4.alpha0.6"
-  assert evaluate.output_name("test", "average:2", 12, 4, 0.6) == (
-      "test.average2.step12.beam4.alpha0.6")
+  assert evaluate.output_name("test", "average:2", 12, 4,
+                              0.6) == ("test.average2.step12.beam4.alpha0.6")
   assert evaluate.output_name("test", 8, 8, 1, 0.0) == "test.step8.beam1.alpha0.0"
-  assert evaluate.output_name("input-test", "best", 6, 4, 0.6) == (
-      "input-test.best.step6.beam4.alpha0.6")
+  assert evaluate.output_name("input-test", "best", 6, 4,
+                              0.6) == ("input-test.best.step6.beam4.alpha0.6")
 
 
 def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
@@ -276,8 +277,8 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert f"{stem}.json holds another evaluation; writing {stem}.2.json" in caplog.text
   names = ("test.step300.beam1.alpha0.6", "input-test.step300.beam1.alpha0.6",
            "input-test.step300.beam1.alpha0.6.2")
-  assert sorted(os.listdir(out)) == sorted(f"{name}.{ext}" for name in names
-                                           for ext in ("txt", "json"))
+  assert sorted(os.listdir(out)) == sorted(
+      f"{name}.{ext}" for name in names for ext in ("txt", "json"))
   for result, count in ((split, config.task.synthetic.num_test), (again, 3), (other, 2)):
     assert json_files.read_json(result["translations_file"][:-4] + ".json") == result
     with open(result["translations_file"], encoding="utf-8") as f:
@@ -288,13 +289,13 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert latest["translations_file"] == os.path.join(out, "test.latest.step400.beam1.alpha0.6.txt")
 
 
-def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_path,
-                                                                        monkeypatch):
+def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_path, monkeypatch):
   _, workdir, _ = run
   monkeypatch.setattr(evaluate, "restore_model", lambda *args: pytest.fail("restored"))
   blocker = tmp_path / "file"
   blocker.write_text("", encoding="utf-8")
-  with pytest.raises(OSError, match=(
-      rf"^eval output folder {blocker}/eval cannot be written \(Not a directory\): pass another "
-      r"--output_dir\.$")):
+  with pytest.raises(
+      OSError,
+      match=(rf"^eval output folder {blocker}/eval cannot be written \(Not a directory\): pass "
+             r"another --output_dir\.$")):
     evaluate.evaluate_checkpoint(workdir, split="test", output_dir=str(blocker / "eval"))

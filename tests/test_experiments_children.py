@@ -34,8 +34,8 @@ def test_run_all_runs_each_command_at_most_n_at_once_and_reports_each_end(tmp_pa
   ended = []
   stopped = children.run_all(
       runs, command=lambda run: [sys.executable, "-c", f"print('hi from {run.name}')"],
-      env=dict(os.environ), parallel=2,
-      ended=lambda run, code, done: ended.append((run.name, code, done)))
+      env=dict(os.environ), parallel=2, ended=lambda run, code, done: ended.append(
+          (run.name, code, done)))
   assert not stopped
   assert sorted(name for name, _, _ in ended) == ["r0", "r1", "r2"]
   assert [code for _, code, _ in ended] == [0, 0, 0] and [d for _, _, d in ended] == [1, 2, 3]
@@ -56,8 +56,8 @@ time.sleep(60)
 
 
 def test_a_child_dies_with_its_table_killed_outright(tmp_path):
-  parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_CHILD, str(tmp_path / "w")],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+  parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_CHILD,
+                             str(tmp_path / "w")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
   child = int(next(line for line in parent.stdout if line.startswith("child ")).split()[1])
   parent.kill()
   parent.wait()

@@ -20,7 +20,6 @@ VOCAB = 16
 
 class WordTokenizer:
   """One id per word (3 + its length), then eos: lengths are word counts."""
-
   def encode_batch(self, texts):
     return [[3 + len(w) % 10 for w in t.split()] + [tokenizer_lib.EOS_ID] for t in texts]
 
@@ -40,8 +39,7 @@ def test_length_statistics_by_source_length():
   assert by_length["3-4"] == {"ratio": 6 / 7, "shorter": 0.5, "longer": 0.0, "num_sentences": 2}
   assert by_length["7-8"] == {"ratio": 7 / 6, "shorter": 0.0, "longer": 1.0, "num_sentences": 1}
   assert by_length["9"] == {"ratio": 0.5, "shorter": 1.0, "longer": 0.0, "num_sentences": 1}
-  assert list(diagnostics.bleu_by_source_length(sources, hypotheses, references)) == list(
-      by_length)
+  assert list(diagnostics.bleu_by_source_length(sources, hypotheses, references)) == list(by_length)
 
 
 def test_attention_entropy_equals_scipy_on_valid_queries():
@@ -60,9 +58,11 @@ def test_attention_entropy_equals_scipy_on_valid_queries():
 
 @pytest.fixture(scope="module")
 def tiny_model():
-  model_cfg = {**default.get_config().model.to_dict(), "emb_dim": 16, "num_heads": 2,
-               "qkv_dim": 16, "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1,
-               "max_len": 32, "max_relative_position": 2}
+  model_cfg = {
+      **default.get_config().model.to_dict(), "emb_dim": 16, "num_heads": 2, "qkv_dim": 16,
+      "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1, "max_len": 32,
+      "max_relative_position": 2
+  }
   return model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, VOCAB),
                                rngs=nnx.Rngs(0))
 
@@ -78,10 +78,9 @@ def _direct_position_statistics(model, inputs):
       query = attention.query(sublayer_input)  # [batch, n, heads, depth]
       table = position.rel_key[...]
       spec = "bnhd,rd->bnhr" if table.ndim == 2 else "bnhd,hrd->bnhr"  # -> [b, n, h, 2k+1]
-      logits = np.asarray(jnp.einsum(spec, query, table)) * attention.head_dim ** -0.5
-      expected.setdefault("qak_by_offset", []).append(
-          ((logits * valid[:, :, None, None]).sum((0, 1, 2))
-           / (valid.sum() * logits.shape[2])).tolist())
+      logits = np.asarray(jnp.einsum(spec, query, table)) * attention.head_dim**-0.5
+      expected.setdefault("qak_by_offset", []).append(((logits * valid[:, :, None, None]).sum(
+          (0, 1, 2)) / (valid.sum() * logits.shape[2])).tolist())
       expected["max_distance"] = position.max_distance
   first = layers[0][0].position
   if hasattr(first, "num_buckets"):
@@ -89,16 +88,17 @@ def _direct_position_statistics(model, inputs):
   return expected
 
 
-@pytest.mark.parametrize("overrides", [
-    {}, {"relative_per_head": True}, {"relative_key": False},
-    {"position": "t5"}, {"position": "t5", "t5_shared_across_layers": False},
-    {"position": "rope"}], ids=["relative", "relative_per_head", "relative_value_only", "t5",
-                                "t5_per_layer", "rope"])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"relative_per_head": True}, {"relative_key": False}, {"position": "t5"},
+                  {"position": "t5", "t5_shared_across_layers": False}, {"position": "rope"}],
+    ids=["relative", "relative_per_head", "relative_value_only", "t5", "t5_per_layer", "rope"])
 def test_position_statistics_equal_the_parameters_read_directly(overrides):
   # head depth 12 (not a power of 2): the scaling by 1/sqrt(depth) rounds
-  model_cfg = {**default.get_config().model.to_dict(), "emb_dim": 24, "num_heads": 2,
-               "qkv_dim": 24, "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1,
-               "max_len": 32, "max_relative_position": 2, **overrides}
+  model_cfg = {
+      **default.get_config().model.to_dict(), "emb_dim": 24, "num_heads": 2, "qkv_dim": 24,
+      "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1, "max_len": 32,
+      "max_relative_position": 2, **overrides
+  }
   model = model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, VOCAB),
                                 rngs=nnx.Rngs(0))
   inputs = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0]], np.int32)
@@ -119,8 +119,11 @@ def test_attention_profile_normalized_entropy_of_a_tiny_model(tiny_model):
   valid = inputs != 0
   layers = list(analysis._encoder_attention(tiny_model, inputs))  # pylint: disable=protected-access
   for layer, (_, _, weights) in enumerate(layers):
-    entropy = [[stats.entropy(weights[b, h, i][valid[b]]) for h in range(2)]
-               for b in range(2) for i in range(6) if valid[b, i]]
+    entropy = [[stats.entropy(weights[b, h, i][valid[b]])
+                for h in range(2)]
+               for b in range(2)
+               for i in range(6)
+               if valid[b, i]]
     logs = [np.log(valid[b].sum()) for b in range(2) for i in range(6) if valid[b, i]]
     expected = np.mean(np.mean(entropy, axis=1) / np.array(logs))
     np.testing.assert_allclose(profile["normalized_entropy"][layer], expected, rtol=1e-5)
@@ -128,15 +131,16 @@ def test_attention_profile_normalized_entropy_of_a_tiny_model(tiny_model):
 
 class BatchTask:
   """A task stand-in: `eval_batches` of fixed (inputs, targets) pairs."""
-
   def __init__(self, inputs, targets):
     self.inputs, self.targets = inputs, targets
 
   def eval_batches(self, split, batch_size):
     assert split == "test"
     for start in range(0, len(self.inputs), batch_size):
-      yield {"inputs": self.inputs[start:start + batch_size],
-             "targets": self.targets[start:start + batch_size]}
+      yield {
+          "inputs": self.inputs[start:start + batch_size],
+          "targets": self.targets[start:start + batch_size]
+      }
 
 
 def test_token_accuracy_by_position_against_a_direct_count(tiny_model):

@@ -14,13 +14,23 @@ from relpos.experiments import verdicts
 
 def _run(table, row, seed, test, long, *, k=None, speed=10.0):
   return {
-      "table": table, "row": row, "seed": seed, "k": k, "task": "synthetic",
-      "commit": "abc1234", "wall_time_s": 60.0, "steps_per_second": speed,
-      "num_params": 1000, "config": {},
-      "scores": {"validation": {"bleu": test + 1}, "test": {"bleu": test},
-                 "test_long": {"bleu": long}},
-      "bleu_by_source_length": {"test": {"3-6": test + 2, "7-12": test - 2},
-                                "test_long": {"13-18": long + 1, "19-24": long - 1}},
+      "table": table,
+      "row": row,
+      "seed": seed,
+      "k": k,
+      "task": "synthetic",
+      "commit": "abc1234",
+      "wall_time_s": 60.0,
+      "steps_per_second": speed,
+      "num_params": 1000,
+      "config": {},
+      "scores": {
+          "validation": {"bleu": test + 1}, "test": {"bleu": test}, "test_long": {"bleu": long}
+      },
+      "bleu_by_source_length": {
+          "test": {"3-6": test + 2, "7-12": test - 2},
+          "test_long": {"13-18": long + 1, "19-24": long - 1}
+      },
   }
 
 
@@ -66,9 +76,10 @@ def test_table_rebuilt_from_results_json_alone(results_path, tmp_path):
 
 
 def test_table_says_where_the_time_went(tmp_path):
-  runs = [{**_run("ablation", "abs", seed, 50.0, 10.0), "wall_time_s": total,
-           "time_s": {"training": total - 30.0, "validation": 10.0, "evaluation": 20.0}}
-          for seed, total in ((0, 100.0), (1, 140.0))]
+  runs = [{
+      **_run("ablation", "abs", seed, 50.0, 10.0), "wall_time_s": total,
+      "time_s": {"training": total - 30.0, "validation": 10.0, "evaluation": 20.0}
+  } for seed, total in ((0, 100.0), (1, 140.0))]
   path = tmp_path / "results.json"
   path.write_text(json.dumps({"schema_version": 3, "runs": runs}))
   text = report.write_table(str(path), str(tmp_path / "table.md"))
@@ -116,9 +127,8 @@ def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figure
   assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "none", "rel_k", "rel_v"]
   bars = panels[0].containers[0]  # abs: test 50 and 52, test_long 10 and 12
   np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, 12.0, 10.0])
-  half_widths = [(segment[1][1] - segment[0][1]) / 2
-                 for segment in bars.lines[2][0].get_segments()]
-  np.testing.assert_allclose(half_widths, [2 ** 0.5] * 4)
+  half_widths = [(segment[1][1] - segment[0][1]) / 2 for segment in bars.lines[2][0].get_segments()]
+  np.testing.assert_allclose(half_widths, [2**0.5] * 4)
   for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
 
@@ -151,10 +161,12 @@ def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
 
 def _learned_run(row, statistics, *, max_length=6):
   run = _run("ablation", row, 0, 50.0, 10.0)
-  run["config"] = {"task": {"max_length": max_length},
-                   "model": {"t5_num_buckets": 8, "t5_max_distance": 12}}
-  run["position_statistics"] = {"offsets": [-1, 0, 1], "attention_by_offset": [[0.2, 0.6, 0.2]],
-                                **statistics}
+  run["config"] = {
+      "task": {"max_length": max_length}, "model": {"t5_num_buckets": 8, "t5_max_distance": 12}
+  }
+  run["position_statistics"] = {
+      "offsets": [-1, 0, 1], "attention_by_offset": [[0.2, 0.6, 0.2]], **statistics
+  }
   return run
 
 
@@ -168,8 +180,7 @@ def test_qak_drawn_over_the_distances_that_occur(tmp_path, figures):
   np.testing.assert_allclose(ax.get_lines()[0].get_xydata(),
                              [[d, min(max(d, -2), 2)] for d in range(-5, 6)])
   assert "up to 5 (task.max_length - 1)" in figures["qak_by_offset.png"]._suptitle.get_text()
-  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", {**qak,
-                                                                    "longest_distance": 3})]}))
+  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", {**qak, "longest_distance": 3})]}))
   analysis.plot_learned_positions(str(results), str(tmp_path))
   np.testing.assert_array_equal(figures["qak_by_offset.png"].axes[0].get_lines()[0].get_xdata(),
                                 range(-3, 4))
@@ -191,13 +202,16 @@ def test_t5_bias_drawn_against_distance(tmp_path, figures):
 
 def test_table_of_a_task_with_its_own_test_split(tmp_path):
   def multi30k_run(row, bleu):
-    scores = {"bleu": bleu, "bleu_lowercase": bleu + 2, "signature": "case:mixed|tok:13a",
-              "lowercase_signature": "case:lc|tok:13a"}
-    return {"table": "ablation", "row": row, "seed": 0, "k": None, "task": "multi30k",
-            "commit": "abc1234", "wall_time_s": 60.0, "steps_per_second": 1.0,
-            "num_params": 1000, "config": {},
-            "scores": {"validation": {"bleu": bleu - 1}, "test_2016_flickr": scores},
-            "bleu_by_source_length": {"test_2016_flickr": {"1-10": bleu + 1, "11-20": bleu - 1}}}
+    scores = {
+        "bleu": bleu, "bleu_lowercase": bleu + 2, "signature": "case:mixed|tok:13a",
+        "lowercase_signature": "case:lc|tok:13a"
+    }
+    return {
+        "table": "ablation", "row": row, "seed": 0, "k": None, "task": "multi30k",
+        "commit": "abc1234", "wall_time_s": 60.0, "steps_per_second": 1.0, "num_params": 1000,
+        "config": {}, "scores": {"validation": {"bleu": bleu - 1}, "test_2016_flickr": scores},
+        "bleu_by_source_length": {"test_2016_flickr": {"1-10": bleu + 1, "11-20": bleu - 1}}
+    }
 
   runs = [multi30k_run("abs", 30.0), multi30k_run("rel_kv", 31.0), multi30k_run("none", 10.0)]
   path = tmp_path / "results.json"
@@ -211,7 +225,8 @@ def test_table_of_a_task_with_its_own_test_split(tmp_path):
   judged = {f.split(" ")[0]: v for f, v, _ in verdicts.findings(runs)}
   assert judged["1."] == judged["2."] == "not enough seeds"
   assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
-      "bleu_vs_length.png"]
+      "bleu_vs_length.png"
+  ]
 
 
 def _length_run(row, seed, test, long, oracle, *, ratio=0.8, shorter=0.6):
@@ -220,23 +235,34 @@ def _length_run(row, seed, test, long, oracle, *, ratio=0.8, shorter=0.6):
   run = _run("length", row, seed, test, long)
   run["oracle_length"] = {
       "test": {"bleu": test, "bleu_by_source_length": {"3-6": test + 2, "7-12": test - 2}},
-      "test_long": {"bleu": oracle,
-                    "bleu_by_source_length": {"13-18": oracle + 1, "19-24": oracle - 1}}}
+      "test_long": {
+          "bleu": oracle, "bleu_by_source_length": {"13-18": oracle + 1, "19-24": oracle - 1}
+      }
+  }
   stats = lambda r, s: {"ratio": r, "shorter": s, "longer": 0.1, "num_sentences": 10}
   run["length_statistics"] = {
-      "test": {"unit": "tokens", **stats(1.0, 0.0),
-               "by_source_length": {"3-6": stats(1.0, 0.0), "7-12": stats(1.0, 0.0)}},
-      "test_long": {"unit": "tokens", **stats(ratio, shorter),
-                    "by_source_length": {"13-18": stats(ratio + 0.1, shorter),
-                                         "19-24": stats(ratio - 0.1, shorter)}}}
+      "test": {
+          "unit": "tokens",
+          **stats(1.0, 0.0), "by_source_length": {"3-6": stats(1.0, 0.0), "7-12": stats(1.0, 0.0)}
+      }, "test_long": {
+          "unit": "tokens", **stats(ratio, shorter), "by_source_length": {
+              "13-18": stats(ratio + 0.1, shorter), "19-24": stats(ratio - 0.1, shorter)
+          }
+      }
+  }
   run["token_accuracy_by_position"] = {
-      split: {"accuracy": [1.0] * 8 + [0.5] * 4 + [0.0] * 4 + [None] * 4,
-              "count": [40] * 8 + [20] * 4 + [9] * 4 + [0] * 4, "eos_accuracy": 0.25,
-              "accuracy_all": 0.5} for split in ("test", "test_long")}
+      split: {
+          "accuracy": [1.0] * 8 + [0.5] * 4 + [0.0] * 4 + [None] * 4,
+          "count": [40] * 8 + [20] * 4 + [9] * 4 + [0] * 4, "eos_accuracy": 0.25,
+          "accuracy_all": 0.5
+      } for split in ("test", "test_long")
+  }
   run["attention_profile"] = {
-      split: {"normalized_entropy": normalized, "count_by_query": [20, 20, 5],
-              "entropy_by_query": [[1.0 + shift, 2.0 + shift, 3.0], [0.5, 1.5 + shift, None]]}
-      for split, normalized, shift in (("test", [0.5, 0.7], 0.0), ("test_long", [0.4, 0.6], 1.0))}
+      split: {
+          "normalized_entropy": normalized, "count_by_query": [20, 20, 5],
+          "entropy_by_query": [[1.0 + shift, 2.0 + shift, 3.0], [0.5, 1.5 + shift, None]]
+      } for split, normalized, shift in (("test", [0.5, 0.7], 0.0), ("test_long", [0.4, 0.6], 1.0))
+  }
   return run
 
 
@@ -244,10 +270,12 @@ def _length_runs():
   """Three seeds of abs, rel_kv, shape (over abs) and rel_kv_concat (over rel_kv)."""
   runs = []
   for seed in range(3):
-    runs += [_length_run("abs", seed, 96.0 + seed, 28.0 + seed, 62.0 + seed),
-             _length_run("rel_kv", seed, 97.0 + seed, 25.0 + 2 * seed, 25.5 + 2 * seed),
-             _length_run("shape", seed, 90.0 + seed, 40.0 + seed, 70.0 + seed),
-             _length_run("rel_kv_concat", seed, 97.0 + seed, 26.0 + 2 * seed, 60.0)]
+    runs += [
+        _length_run("abs", seed, 96.0 + seed, 28.0 + seed, 62.0 + seed),
+        _length_run("rel_kv", seed, 97.0 + seed, 25.0 + 2 * seed, 25.5 + 2 * seed),
+        _length_run("shape", seed, 90.0 + seed, 40.0 + seed, 70.0 + seed),
+        _length_run("rel_kv_concat", seed, 97.0 + seed, 26.0 + 2 * seed, 60.0)
+    ]
   return runs
 
 
@@ -291,6 +319,6 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   entropy = [ax for ax in figures["attention_entropy.png"].axes if ax.get_visible()][0]
   assert entropy.get_title() == "abs"
   # Per split and layer; position 2 (5 sentences, fewer than 10) is not drawn.
-  assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()] == [
-      ("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
-      ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]
+  assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()
+         ] == [("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
+               ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]

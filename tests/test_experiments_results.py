@@ -8,23 +8,24 @@ import pytest
 from relpos.experiments import results
 
 
-def test_a_result_records_its_workdir_relative_to_the_table_and_older_absolute_ones_read(
-    tmp_path):
+def test_a_result_records_its_workdir_relative_to_the_table_and_older_absolute_ones_read(tmp_path):
   workdir = str(tmp_path / "out" / results.RUNS_DIR / "synthetic-ablation-abs-seed0")
   relative = results.relative_workdir(workdir)
   assert relative == os.path.join("runs", "synthetic-ablation-abs-seed0")
   output_dir = str(tmp_path / "moved")
-  assert results.workdir_of({"workdir": relative}, output_dir) == os.path.join(
-      output_dir, "runs", "synthetic-ablation-abs-seed0")
+  assert results.workdir_of({"workdir": relative},
+                            output_dir) == os.path.join(output_dir, "runs",
+                                                        "synthetic-ablation-abs-seed0")
   assert results.workdir_of({"workdir": workdir}, output_dir) == workdir  # an older result
 
 
-@pytest.mark.parametrize("content,reason", [
-    ("[]", "no 'table'"), ("{}", "no 'table'"),
-    ('{"table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "config": {}, '
-     '"workdir": "w"}', "no 'scores'")])
-def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(tmp_path, content,
-                                                                        reason, caplog):
+@pytest.mark.parametrize(
+    "content,reason",
+    [("[]", "no 'table'"), ("{}", "no 'table'"),
+     ('{"table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "config": {}, '
+      '"workdir": "w"}', "no 'scores'")])
+def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(
+    tmp_path, content, reason, caplog):
   path = tmp_path / "runs" / "synthetic-ablation-abs-seed0" / "result.json"
   path.parent.mkdir(parents=True)
   path.write_text(content)

@@ -49,11 +49,19 @@ def _tiny_overrides(data_dir: str) -> dict[str, object]:
       "task.synthetic.num_validation": 8,
       "task.synthetic.num_test": 8,
       "task.synthetic.num_test_long": 8,
-      "model.emb_dim": 16, "model.qkv_dim": 16, "model.mlp_dim": 32, "model.num_heads": 2,
-      "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-      "train.num_steps": 4, "train.batch_size": 8, "train.eval_batch_size": 8,
-      "train.log_every_steps": 2, "train.eval_every_steps": 4,
-      "train.checkpoint_every_steps": 4, "train.warmup_steps": 2,
+      "model.emb_dim": 16,
+      "model.qkv_dim": 16,
+      "model.mlp_dim": 32,
+      "model.num_heads": 2,
+      "model.num_encoder_layers": 1,
+      "model.num_decoder_layers": 1,
+      "train.num_steps": 4,
+      "train.batch_size": 8,
+      "train.eval_batch_size": 8,
+      "train.log_every_steps": 2,
+      "train.eval_every_steps": 4,
+      "train.checkpoint_every_steps": 4,
+      "train.warmup_steps": 2,
       "decode.other_checkpoints": "latest",
   }
 
@@ -81,8 +89,7 @@ def finished_table(tmp_path_factory, compilation_cache):
   root = tmp_path_factory.mktemp("table")
   output_dir = str(root / "out")
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                             rows=["abs", "rel_kv"],
-                             overrides=_tiny_overrides(str(root / "tfds")))
+                             rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
   return root, output_dir, outputs
 
 
@@ -96,15 +103,17 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert written.tzinfo == datetime.timezone.utc
   assert datetime.timedelta(0) <= datetime.datetime.now(datetime.timezone.utc) - written < (
       datetime.timedelta(hours=1))
-  environment = {"jax_version": jax.__version__, "flax_version": flax.__version__,
-                 "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()}
+  environment = {
+      "jax_version": jax.__version__, "flax_version": flax.__version__,
+      "device_kind": jax.devices()[0].device_kind, "device_count": jax.device_count()
+  }
   assert results["schema_version"] == report.RESULTS_SCHEMA_VERSION == 5
   assert {k: results[k] for k in environment} == environment
   for run in runs:
     assert {k: run["environment"][k] for k in environment} == environment
     assert datetime.datetime.fromisoformat(run["environment"]["finished_at"]) <= written
-  assert [(r["table"], r["row"], r["seed"]) for r in runs] == [
-      ("ablation", "abs", 0), ("ablation", "rel_kv", 0)]
+  assert [(r["table"], r["row"], r["seed"]) for r in runs] == [("ablation", "abs", 0),
+                                                               ("ablation", "rel_kv", 0)]
   for run in runs:
     assert set(run["scores"]) == {"validation", "test", "test_long"}
     assert run["scores"]["test"]["num_sentences"] == 8
@@ -127,8 +136,10 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
     assert isinstance(stats["longest_distance"], int) and stats["longest_distance"] >= 2
     assert run["workdir"] == os.path.join("runs", f"synthetic-ablation-{run['row']}-seed0")
-    validations = [r for r in metrics_writer.read_metrics(os.path.join(output_dir, run["workdir"]))
-                   if r["split"] == "validation"]
+    validations = [
+        r for r in metrics_writer.read_metrics(os.path.join(output_dir, run["workdir"]))
+        if r["split"] == "validation"
+    ]
     assert run["validation_curve"] == [[r["step"], r["bleu"]] for r in validations]
     assert [step for step, _ in run["validation_curve"]] == [4]
   rel = runs[1]
@@ -141,8 +152,9 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert "Checkpoint scored: best ('best' by validation BLEU); beside it latest" in table
   assert outputs["table"] == table
   names = sorted(os.path.basename(p) for p in outputs["plots"])
-  assert names == ["attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png",
-                   "qak_by_offset.png"]
+  assert names == [
+      "attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png", "qak_by_offset.png"
+  ]
 
 
 def _check_length_diagnostics(run: dict) -> None:
@@ -166,8 +178,8 @@ def _check_length_diagnostics(run: dict) -> None:
 
 def test_rerun_skips_finished_rows(finished_table, monkeypatch):
   root, output_dir, _ = finished_table
-  before = os.path.getmtime(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0",
-                                         "result.json"))
+  before = os.path.getmtime(
+      os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json"))
 
   def fail(*args, **kwargs):
     raise AssertionError("a finished run was trained again")
@@ -175,8 +187,8 @@ def test_rerun_skips_finished_rows(finished_table, monkeypatch):
   monkeypatch.setattr(single_run.train, "train_and_evaluate", fail)
   runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                    rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
-  assert os.path.getmtime(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0",
-                                       "result.json")) == before
+  assert os.path.getmtime(
+      os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")) == before
 
 
 def test_unknown_row_and_override_fail_before_any_work(tmp_path):
@@ -193,8 +205,8 @@ def _results(output_dir: str) -> list[dict]:
   """The runs of results.json without what differs between two executions of the same run."""
   with open(os.path.join(output_dir, "results.json")) as f:
     runs = json.load(f)["runs"]
-  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "commits", "starts",
-             "workdir", "environment")
+  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "commits", "starts", "workdir",
+             "environment")
   return [{k: v for k, v in run.items() if k not in varying} for run in runs]
 
 
@@ -221,14 +233,15 @@ def parallel_table(finished_table):
   return output_dir, outputs, out.getvalue()
 
 
-def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(finished_table,
-                                                                          parallel_table):
+def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(
+    finished_table, parallel_table):
   _, in_process_dir, _ = finished_table
   output_dir, outputs, printed = parallel_table
   rel_kv_log = os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "run.log")
   assert outputs["failed"] == [rel_kv_log] and not outputs["preempted"]
-  assert re.search(r"run [12] of 2 failed: synthetic-ablation-rel_kv-seed0 \(killed by SIGKILL\); "
-                   r"log: " + re.escape(rel_kv_log), printed)
+  assert re.search(
+      r"run [12] of 2 failed: synthetic-ablation-rel_kv-seed0 \(killed by SIGKILL\); "
+      r"log: " + re.escape(rel_kv_log), printed)
   assert re.search(r"run [12] of 2 finished: synthetic-ablation-abs-seed0 \(test BLEU", printed)
   assert _results(output_dir) == _results(in_process_dir)[:1]  # abs: the same numbers
   abs_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "run.log")).read()
@@ -254,7 +267,7 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
 
 
 def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, monkeypatch,
-                                                                       capsys):
+                                                                      capsys):
   output_dir, data_dir = str(tmp_path / "out"), str(tmp_path / "tfds")
 
   def stand_in(run, task, overrides):
@@ -263,8 +276,10 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
     return [sys.executable, "-c", WAITS_FOR_SIGTERM]
 
   def logs(rows):
-    return [os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log")
-            for row in rows]
+    return [
+        os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log")
+        for row in rows
+    ]
 
   def terminate_when_ready():
     for _ in range(600):
@@ -277,8 +292,8 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
   handler = signal.getsignal(signal.SIGTERM)
   threading.Thread(target=terminate_when_ready, daemon=True).start()
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                             rows=["none", "abs", "rel_kv"], parallel=2,
-                             overrides=_tiny_overrides(data_dir))
+                             rows=["none", "abs",
+                                   "rel_kv"], parallel=2, overrides=_tiny_overrides(data_dir))
   printed = capsys.readouterr().out
   assert outputs["preempted"] and outputs["failed"] == logs(["none"])
   assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
@@ -298,8 +313,10 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
 
 
 def test_a_finished_run_line_gives_the_table_eta(capsys):
-  result = {"config": {"task": {"name": "synthetic"}}, "workdir": "/x/ablation-abs-seed0",
-            "scores": {"test": {"bleu": 97.25}}, "wall_time_s": 120.4}
+  result = {
+      "config": {"task": {"name": "synthetic"}}, "workdir": "/x/ablation-abs-seed0",
+      "scores": {"test": {"bleu": 97.25}}, "wall_time_s": 120.4
+  }
   runner._print_finished(result, 2, 5, time.monotonic() - 600)  # 2 runs in 10 minutes
   line = capsys.readouterr().out.strip()
   assert line == ("relpos: run 2 of 5 finished: ablation-abs-seed0 (test BLEU 97.2, 120 s; "
@@ -323,14 +340,14 @@ def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work
   output_dir, overrides = _copy_table(finished_table, tmp_path)
   monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
   result = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")
-  with pytest.raises(ValueError, match=re.escape(
-      f"{result} was made with train.num_steps=4, not the 5 asked: pass --retrain_changed")):
-    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                     rows=["abs"], overrides={**overrides, "train.num_steps": 5})
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{result} was made with train.num_steps=4, not the 5 asked: pass --retrain_changed")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir, rows=["abs"],
+                     overrides={**overrides, "train.num_steps": 5})
   # Fields that change no result (where data is, how often to log and save) reuse the run.
-  runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                   rows=["abs"], overrides={**overrides, "train.log_every_steps": 1,
-                                            "train.keep_checkpoints": 3})
+  runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir, rows=["abs"],
+                   overrides={**overrides, "train.log_every_steps": 1, "train.keep_checkpoints": 3})
 
 
 def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_table, tmp_path):
@@ -350,15 +367,15 @@ def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_ta
 
 def test_an_output_folder_holds_one_task_and_one_table_at_a_time(finished_table, tmp_path):
   output_dir, overrides = _copy_table(finished_table, tmp_path)
-  with pytest.raises(ValueError, match=re.escape(
-      f"{output_dir} holds runs of task 'synthetic' (")):
+  with pytest.raises(ValueError, match=re.escape(f"{output_dir} holds runs of task 'synthetic' (")):
     runner.run_table("ablation", task="tiny", seeds=[0], output_dir=output_dir, rows=["abs"],
                      overrides=overrides)
   with runner.locks.hold(output_dir, lock_file=runner.TABLE_LOCK_FILE):
-    with pytest.raises(runner.locks.WorkdirInUseError, match=re.escape(
-        f"output folder {output_dir} is in use by process {os.getpid()} on host ")):
-      runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                       rows=["abs"], overrides=overrides)
+    with pytest.raises(
+        runner.locks.WorkdirInUseError,
+        match=re.escape(f"output folder {output_dir} is in use by process {os.getpid()} on host ")):
+      runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir, rows=["abs"],
+                       overrides=overrides)
 
 
 def _must_not_train(*args, **kwargs):
@@ -403,13 +420,13 @@ def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
   first_start_s = metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir))
   os.remove(os.path.join(workdir, "result.json"))
   result = single_run.run_one("ablation", "abs", 0, "synthetic", workdir,
-                          {**overrides, "train.num_steps": 6})
+                              {**overrides, "train.num_steps": 6})
   assert [s["step"] for s in result["starts"]] == [0, 4]
   assert result["commits"] == [runner.source_tree.commit()]
   last_train = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"][-1]
   assert last_train["step"] == 6 and last_train["elapsed_s"] > first_start_s > 0
-  validation_s = sum(r["time_s"] for r in metrics_writer.read_metrics(workdir)
-                     if r["split"] == "validation")
+  validation_s = sum(
+      r["time_s"] for r in metrics_writer.read_metrics(workdir) if r["split"] == "validation")
   assert result["time_s"]["validation"] == pytest.approx(validation_s)
   assert result["time_s"]["training"] + result["time_s"]["validation"] == pytest.approx(
       metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir)))
@@ -419,8 +436,7 @@ def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
 def test_order_seeds_runs_every_row_of_a_seed_first(tmp_path):
   runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0, 1], str(tmp_path),
                            order="seeds")
-  assert [(r.row, r.seed) for r in runs] == [("abs", 0), ("rel_kv", 0), ("abs", 1),
-                                             ("rel_kv", 1)]
+  assert [(r.row, r.seed) for r in runs] == [("abs", 0), ("rel_kv", 0), ("abs", 1), ("rel_kv", 1)]
   assert runs[0].workdir == os.path.join(str(tmp_path), "runs", "synthetic-ablation-abs-seed0")
   with pytest.raises(ValueError, match="order='random': allowed: rows, seeds"):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),

@@ -7,14 +7,15 @@ from relpos.experiments import single_run
 
 
 def test_validation_curve_and_training_speed_from_the_metrics(tmp_path):
-  records = [{"step": 2, "split": "train", "steps_per_second": 4.0},
-             {"step": 2, "split": "validation", "bleu": 1.0},
-             {"step": 4, "split": "train", "steps_per_second": 6.0},
-             {"step": 4, "split": "validation", "bleu": 2.0},
-             {"step": 2, "split": "validation", "bleu": 1.5},  # logged again after a resume
-             {"step": 6, "split": "train", "steps_per_second": None}]
-  (tmp_path / workdir_files.METRICS_FILE).write_text(
-      "".join(json.dumps(r) + "\n" for r in records))
+  records = [
+      {"step": 2, "split": "train", "steps_per_second": 4.0},
+      {"step": 2, "split": "validation", "bleu": 1.0},
+      {"step": 4, "split": "train", "steps_per_second": 6.0},
+      {"step": 4, "split": "validation", "bleu": 2.0},
+      {"step": 2, "split": "validation", "bleu": 1.5},  # logged again after a resume
+      {"step": 6, "split": "train", "steps_per_second": None}
+  ]
+  (tmp_path / workdir_files.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
   assert single_run.validation_curve(str(tmp_path)) == [[2, 1.5], [4, 2.0]]
   assert single_run.train_steps_per_second(str(tmp_path)) == 5.0
 

@@ -13,8 +13,10 @@ from relpos.experiments import tables
 
 def test_every_task_config_loads_by_path_and_leaves_no_module_behind():
   names = {task: tables.task_config(task).task.name for task in tables.TASKS}
-  assert names == {"synthetic": "synthetic", "multi30k": "multi30k", "multi30k_gpu": "multi30k",
-                   "tiny": "synthetic", "wmt14": "wmt14"}
+  assert names == {
+      "synthetic": "synthetic", "multi30k": "multi30k", "multi30k_gpu": "multi30k",
+      "tiny": "synthetic", "wmt14": "wmt14"
+  }
   assert tables.task_config("tiny").model.emb_dim < tables.task_config("synthetic").model.emb_dim
   with pytest.raises(ValueError, match=r"^unknown task 'iwslt'; allowed: synthetic, multi30k, "):
     tables.task_config("iwslt")
@@ -35,8 +37,8 @@ def test_the_library_imports_no_config_module():
 def test_a_row_of_a_table():
   assert tables.row_config("rel_k", "synthetic").model.relative_value is False
   assert tables.row_in_table("k=7", "k_sweep") and not tables.row_in_table("k=7", "ablation")
-  assert tables.row_in_table("fire", "ablation") and tables.TABLES["ablation"] == (
-      tables.ABLATION_ROWS)
+  assert tables.row_in_table("fire",
+                             "ablation") and tables.TABLES["ablation"] == (tables.ABLATION_ROWS)
   with pytest.raises(ValueError, match="unknown ablation row 'rel_q'"):
     tables.row_config("rel_q", "synthetic")
 

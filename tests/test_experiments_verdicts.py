@@ -12,7 +12,7 @@ from test_experiments_report import _few_seeds, _length_runs, _run
 def test_mean_std():
   assert verdicts.mean_std([1.0]) == (1.0, 0.0)
   mean, std = verdicts.mean_std([1.0, 3.0])
-  assert mean == 2.0 and std == pytest.approx(2 ** 0.5)
+  assert mean == 2.0 and std == pytest.approx(2**0.5)
 
 
 def test_welch_against_the_closed_form():
@@ -20,7 +20,7 @@ def test_welch_against_the_closed_form():
   # x = t / sqrt(t^2 + 4), and the 97.5% quantile is 2.776445.
   c = verdicts.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
   se = math.sqrt(1 / 3 + 1 / 3)
-  x = 3 / se / math.sqrt((3 / se) ** 2 + 4)
+  x = 3 / se / math.sqrt((3 / se)**2 + 4)
   assert c.difference == -3.0
   assert c.p == pytest.approx(1 - x * (3 - x * x) / 2, rel=1e-6)
   assert (c.low, c.high) == pytest.approx((-3 - 2.776445 * se, -3 + 2.776445 * se), rel=1e-6)
@@ -37,27 +37,28 @@ def test_judge_gap_and_match_predictions():
   assert verdicts.judge(tight_high, tight_low, gap=True, margin=4.0)[0] == "no"  # gap too small
   verdict, statistics = verdicts.judge(tight_low, tight_high, gap=False, margin=1.0)
   assert verdict == "no" and statistics.startswith("-3.0 [-3.2, -2.8], p = ")
-  assert verdicts.judge(tight_low[:2], tight_high, gap=False, margin=1.0) == (
-      "not enough seeds", "")
+  assert verdicts.judge(tight_low[:2], tight_high, gap=False,
+                        margin=1.0) == ("not enough seeds", "")
 
 
 def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
-  return [_run(table, row, seed, test, long, k=k, speed=speed)
-          for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))]
+  return [
+      _run(table, row, seed, test, long, k=k, speed=speed)
+      for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))
+  ]
 
 
 def test_findings_verdicts_with_three_seeds():
-  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0])
-          + _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0],
-                    speeds=[9.5, 9.6, 9.7])
-          + _seeded("ablation", "none", [20.0, 21.0, 22.0])
-          + _seeded("ablation", "rel_k", [58.0, 61.0, 64.0])
-          + _seeded("ablation", "rel_v", [30.0, 31.0, 32.0])
-          + _seeded("k_sweep", "k=0", [20.0, 21.0, 22.0], k=0)
-          + _seeded("k_sweep", "k=1", [50.0, 51.0, 52.0], k=1)
-          + _seeded("k_sweep", "k=2", [58.0, 60.0, 62.0], k=2)
-          + _seeded("k_sweep", "k=4", [59.0, 61.0, 63.0], k=4)
-          + _seeded("k_sweep", "k=16", [57.0, 59.0, 61.0], k=16))
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0]) + _seeded(
+      "ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0], speeds=[9.5, 9.6, 9.7]) +
+          _seeded("ablation", "none", [20.0, 21.0, 22.0]) +
+          _seeded("ablation", "rel_k", [58.0, 61.0, 64.0]) +
+          _seeded("ablation", "rel_v", [30.0, 31.0, 32.0]) +
+          _seeded("k_sweep", "k=0", [20.0, 21.0, 22.0], k=0) +
+          _seeded("k_sweep", "k=1", [50.0, 51.0, 52.0], k=1) +
+          _seeded("k_sweep", "k=2", [58.0, 60.0, 62.0], k=2) +
+          _seeded("k_sweep", "k=4", [59.0, 61.0, 63.0], k=4) +
+          _seeded("k_sweep", "k=16", [57.0, 59.0, 61.0], k=16))
   found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
   assert {n: v for n, (v, _) in found.items()} == {
       "1.": "yes",  # 61 vs 51
@@ -105,7 +106,7 @@ def test_length_findings_judged_by_welch():
   # 95% interval: 34 ± t(0.975, df 4) * sqrt(2 / 3) = 34 ± 2.776 * 0.816
   assert found["(ii) abs: oracle length lifts test_long"] == (
       "yes", "recovers 50% ± 0% of the drop; oracle 63.0 ± 1.0 vs 29.0 ± 1.0: "
-             f"+34.0 [+31.7, +36.3], p = {p:.2g}")
+      f"+34.0 [+31.7, +36.3], p = {p:.2g}")
   assert found["(ii) rel_kv: oracle length lifts test_long"][0] == "no"
   # (iii) shape over abs: +12 on test_long at a cost of 6 on test.
   verdict, evidence = found["(iii) shape lifts test_long over abs"]
@@ -117,5 +118,4 @@ def test_length_findings_judged_by_welch():
   assert found["(iii) rel_kv_concat lifts test_long over rel_kv"][0] == "no"  # +1, p large
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
   two_seeds = [r for r in _length_runs() if r["seed"] < 2]
-  assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds",
-                                                                  "not run"}
+  assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds", "not run"}

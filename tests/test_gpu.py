@@ -32,8 +32,9 @@ def _cases(length):
   causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
   return {
       "plain": {"mask": causal},
-      "rel_k": {"rel_key": _normal(1, (2 * 16 + 1, 64), jnp.float32), "max_distance": 16,
-                "mask": causal},
+      "rel_k": {
+          "rel_key": _normal(1, (2 * 16 + 1, 64), jnp.float32), "max_distance": 16, "mask": causal
+      },
       "t5": {"bias": _normal(2, (1, 4, length, length), jnp.float32), "mask": causal},
       "alibi": {"bias": positions.alibi_bias(arange, arange, positions.alibi_slopes(4))},
   }
@@ -54,8 +55,7 @@ def _assert_gradients_close(grads_cudnn, grads_xla, weight=1.0):
   for name, a, b in zip(GRADIENT_NAMES, grads_cudnn, grads_xla):
     a, b = a.astype(jnp.float32), b.astype(jnp.float32)
     scale = float(jnp.max(jnp.abs(b)))
-    np.testing.assert_allclose(a * weight / scale, b * weight / scale, atol=BF16_ATOL,
-                               err_msg=name)
+    np.testing.assert_allclose(a * weight / scale, b * weight / scale, atol=BF16_ATOL, err_msg=name)
 
 
 @pytest.mark.parametrize("variant", ["plain", "rel_k", "t5", "alibi"])
@@ -65,8 +65,8 @@ def test_cudnn_equals_xla_forward_and_backward(variant):
   query, key, value = (_normal(seed, (4, length, 4, 64)) for seed in (10, 11, 12))
 
   def loss(implementation, query, key, value):
-    out = kernel.relative_dot_product_attention(query, key, value,
-                                                   implementation=implementation, **kwargs)
+    out = kernel.relative_dot_product_attention(query, key, value, implementation=implementation,
+                                                **kwargs)
     return jnp.sum(out.astype(jnp.float32) * _normal(13, out.shape, jnp.float32)), out
 
   (grads_cudnn, out_cudnn), (grads_xla, out_xla) = _on_cudnn_and_xla(loss, query, key, value)
@@ -86,7 +86,7 @@ def test_cudnn_gradients_stay_finite_with_padded_rows():
 
   def loss(implementation, query, key, value):
     out = kernel.relative_dot_product_attention(query, key, value, mask=mask,
-                                                   implementation=implementation)
+                                                implementation=implementation)
     return jnp.sum(out.astype(jnp.float32) * real * _normal(43, out.shape, jnp.float32)), out
 
   (grads_cudnn, _), (grads_xla, _) = _on_cudnn_and_xla(loss, query, key, value)
@@ -118,9 +118,11 @@ def test_recipe_train_steps_in_bfloat16_stay_close_to_float32(row):
   rng = np.random.default_rng(0)
   tokens = rng.integers(3, 1000, (64, 64)).astype(np.int32)
   positions_ = np.tile(np.arange(64, dtype=np.int32), (64, 1))
-  batch = {"inputs": tokens, "targets": tokens[:, ::-1].copy(), "inputs_position": positions_,
-           "targets_position": positions_, "inputs_segmentation": np.ones_like(tokens),
-           "targets_segmentation": np.ones_like(tokens)}
+  batch = {
+      "inputs": tokens, "targets": tokens[:, ::-1].copy(), "inputs_position": positions_,
+      "targets_position": positions_, "inputs_segmentation": np.ones_like(tokens),
+      "targets_segmentation": np.ones_like(tokens)
+  }
   losses = {}
   for dtype in ("float32", "bfloat16"):
     config.model.dtype = dtype
@@ -130,9 +132,11 @@ def test_recipe_train_steps_in_bfloat16_stay_close_to_float32(row):
 
 
 def test_bfloat16_module_with_cudnn_matches_xla_in_a_decode_step():
-  module = {impl: attention.MultiHeadAttention(4, 256, qkv_dim=256, position=alibi.AlibiBias(4),
-                                               dtype=jnp.bfloat16, implementation=impl,
-                                               rngs=nnx.Rngs(0)) for impl in ("cudnn", "xla")}
+  module = {
+      impl: attention.MultiHeadAttention(4, 256, qkv_dim=256, position=alibi.AlibiBias(4),
+                                         dtype=jnp.bfloat16, implementation=impl,
+                                         rngs=nnx.Rngs(0)) for impl in ("cudnn", "xla")
+  }
   inputs = _normal(30, (2, 1, 256))
   outs = {}
   for impl, layer in module.items():

@@ -18,10 +18,12 @@ RUN = "synthetic-ablation-abs-seed0"
 def dry_run(tmp_path, results_root: str) -> tuple[subprocess.CompletedProcess, str]:
   """The synthetic ablation job at tiny size, without wheels; returns (process, $OUT)."""
   out = str(tmp_path / "out")
-  command = [sys.executable, os.path.join(gpu_job.ROOT, "tools", "gpu_job.py"),
-             "synthetic_ablation", "--dry_run", "--budget_s=400", f"--out={out}",
-             "--wheels=", f"--data_dir={tmp_path / 'data'}",
-             f"--results_root={results_root}", "--", "--seeds=1"]
+  command = [
+      sys.executable,
+      os.path.join(gpu_job.ROOT, "tools", "gpu_job.py"), "synthetic_ablation", "--dry_run",
+      "--budget_s=400", f"--out={out}", "--wheels=", f"--data_dir={tmp_path / 'data'}",
+      f"--results_root={results_root}", "--", "--seeds=1"
+  ]
   return subprocess.run(command, capture_output=True, text=True, check=False), out
 
 
@@ -120,8 +122,8 @@ def test_check_returnable_refuses_a_file_over_16_mib(tmp_path):
 
 
 def test_job_flags_and_the_arguments_passed_on(tmp_path):
-  args, extra = gpu_job.parse_args(["multi30k_k_sweep", f"--out={tmp_path}", "--parallel=2",
-                                    "--", "--seeds=3"])
+  args, extra = gpu_job.parse_args(
+      ["multi30k_k_sweep", f"--out={tmp_path}", "--parallel=2", "--", "--seeds=3"])
   assert args.job == "multi30k_k_sweep" and args.budget_s == gpu_job.DEFAULT_BUDGET_S
   assert extra == ["--parallel=2", "--seeds=3"]
   job = gpu_job.job_spec(args.job, "/results")

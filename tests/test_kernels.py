@@ -18,16 +18,13 @@ from relpos.kernels import relative as kernel
 
 # ../shared/reference/worked_example.json (outside the repository), embedded so that a clean clone
 # runs the test; test_worked_example_copy_matches_shared_reference guards the copy.
-SHARED_WORKED_EXAMPLE = (pathlib.Path(__file__).resolve().parents[2]
-                         / "shared/reference/worked_example.json")
+SHARED_WORKED_EXAMPLE = (pathlib.Path(__file__).resolve().parents[2] /
+                         "shared/reference/worked_example.json")
 WORKED_EXAMPLE = {
     "d_k": 4,
     "bias_scale": 0.3,
-    "raw_scores": [[0.0, 2.0, 1.0, 1.0, 1.5],
-                   [3.0, 0.0, 2.0, 1.0, 0.5],
-                   [1.0, 2.0, 2.0, 1.0, 1.5],
-                   [1.0, 1.0, 0.0, 2.0, 1.0],
-                   [1.0, 1.0, 1.0, 1.0, 1.5]],
+    "raw_scores": [[0.0, 2.0, 1.0, 1.0, 1.5], [3.0, 0.0, 2.0, 1.0, 0.5], [1.0, 2.0, 2.0, 1.0, 1.5],
+                   [1.0, 1.0, 0.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0, 1.5]],
     "weights_without_bias": [[0.1095, 0.2976, 0.1805, 0.1805, 0.2318],
                              [0.4026, 0.0898, 0.2442, 0.1481, 0.1153],
                              [0.1519, 0.2505, 0.2505, 0.1519, 0.1951],
@@ -47,10 +44,10 @@ def naive_relative_attention(query, key, value, rel_key, rel_value, max_distance
   """Shaw et al. (2018) eqs. 3-5 as written: a^K_ij and a^V_ij materialized per (i, j)."""
   batch, q_len, heads, depth = query.shape
   kv_len = key.shape[1]
-  qpos = jnp.broadcast_to(jnp.arange(q_len) if query_positions is None else query_positions,
-                          (batch, q_len))
-  kpos = jnp.broadcast_to(jnp.arange(kv_len) if key_positions is None else key_positions,
-                          (batch, kv_len))
+  qpos = jnp.broadcast_to(
+      jnp.arange(q_len) if query_positions is None else query_positions, (batch, q_len))
+  kpos = jnp.broadcast_to(
+      jnp.arange(kv_len) if key_positions is None else key_positions, (batch, kv_len))
   distance = jnp.clip(kpos[:, None, :] - qpos[:, :, None], -max_distance, max_distance)
   row = distance + max_distance  # [b, q, k]
 
@@ -98,10 +95,11 @@ def _assert_matches_naive(cases):
   def run(args):
     results = []
     for (inputs, kwargs, cotangent), max_distance in zip(args, max_distances):
+
       def efficient(a, kwargs=kwargs, max_distance=max_distance):
-        return kernel.relative_dot_product_attention(
-            a["query"], a["key"], a["value"], rel_key=a["rel_key"], rel_value=a["rel_value"],
-            max_distance=max_distance, **kwargs)
+        return kernel.relative_dot_product_attention(a["query"], a["key"], a["value"],
+                                                     rel_key=a["rel_key"], rel_value=a["rel_value"],
+                                                     max_distance=max_distance, **kwargs)
 
       def naive(a, kwargs=kwargs, max_distance=max_distance):
         return naive_relative_attention(a["query"], a["key"], a["value"], a["rel_key"],
@@ -139,10 +137,11 @@ def test_efficient_matches_naive_with_padding_and_causal_mask(terms, per_head):
 @pytest.mark.parametrize("per_head", [False, True])
 def test_efficient_matches_naive_with_different_lengths(per_head):
   padding = (jnp.arange(6)[None] < jnp.array([[6], [4]]))[:, None, None, :]
-  shorter_queries = [(_random_inputs(k, 2, 3, 6, 2, 4, k, per_head, "key+value"), k,
-                      {"mask": padding}) for k in (1, 3, 8)]
-  longer_queries = [(_random_inputs(k, 1, 6, 3, 2, 4, k, per_head, "key+value"), k,
-                     {"query_positions": jnp.arange(6) + 2}) for k in (1, 3, 8)]
+  shorter_queries = [(_random_inputs(k, 2, 3, 6, 2, 4, k, per_head,
+                                     "key+value"), k, {"mask": padding}) for k in (1, 3, 8)]
+  longer_queries = [(_random_inputs(k, 1, 6, 3, 2, 4, k, per_head,
+                                    "key+value"), k, {"query_positions": jnp.arange(6) + 2})
+                    for k in (1, 3, 8)]
   _assert_matches_naive(shorter_queries + longer_queries)
 
 
@@ -161,8 +160,9 @@ def test_efficient_matches_naive_with_packed_positions(padding):
   kwargs = {"mask": mask, "query_positions": pos, "key_positions": pos}
   # k = 9 > 6, the longest distance: only the middle rows of the tables are read.
   _assert_matches_naive([(_random_inputs(3, 2, 7, 7, 2, 4, k, per_head, terms), k, kwargs)
-                         for terms, per_head in [("key", False), ("value", True),
-                                                 ("key+value", False)] for k in (2, 9)])
+                         for terms, per_head in [("key", False), ("value",
+                                                                  True), ("key+value", False)]
+                         for k in (2, 9)])
 
 
 def test_tables_beyond_the_sequence_are_read_only_when_positions_reach_them():
@@ -170,10 +170,11 @@ def test_tables_beyond_the_sequence_are_read_only_when_positions_reach_them():
 
   def table_grads(positions):
     def loss(tables):
-      out = kernel.relative_dot_product_attention(
-          inputs["query"], inputs["key"], inputs["value"], max_distance=6,
-          query_positions=positions, key_positions=positions, **tables)
-      return jnp.sum(out ** 2)
+      out = kernel.relative_dot_product_attention(inputs["query"], inputs["key"], inputs["value"],
+                                                  max_distance=6, query_positions=positions,
+                                                  key_positions=positions, **tables)
+      return jnp.sum(out**2)
+
     return jax.grad(loss)({"rel_key": inputs["rel_key"], "rel_value": inputs["rel_value"]})
 
   near = table_grads(jnp.arange(4))  # distances -3..3: rows 3..9 of 13
@@ -189,20 +190,20 @@ def test_packed_equals_unpacked():
   segments = jnp.array([[1, 1, 1, 2, 2]])
   pos = jnp.array([[0, 1, 2, 0, 1]])
   mask = (segments[:, :, None] == segments[:, None, :])[:, None]
-  packed = kernel.relative_dot_product_attention(
-      **inputs, max_distance=2, mask=mask, query_positions=pos, key_positions=pos)
+  packed = kernel.relative_dot_product_attention(**inputs, max_distance=2, mask=mask,
+                                                 query_positions=pos, key_positions=pos)
   for sl in (slice(0, 3), slice(3, 5)):
-    alone = kernel.relative_dot_product_attention(
-        inputs["query"][:, sl], inputs["key"][:, sl], inputs["value"][:, sl],
-        rel_key=inputs["rel_key"], rel_value=inputs["rel_value"], max_distance=2)
+    alone = kernel.relative_dot_product_attention(inputs["query"][:, sl], inputs["key"][:, sl],
+                                                  inputs["value"][:, sl], rel_key=inputs["rel_key"],
+                                                  rel_value=inputs["rel_value"], max_distance=2)
     np.testing.assert_allclose(packed[:, sl], alone, **TOL)
 
 
 def test_k_zero_is_one_vector_for_every_distance():
   inputs = _random_inputs(5, 2, 4, 4, 2, 4, 0, False, "key+value")
-  out = kernel.relative_dot_product_attention(
-      inputs["query"], inputs["key"], inputs["value"], rel_key=inputs["rel_key"],
-      rel_value=inputs["rel_value"], max_distance=0)
+  out = kernel.relative_dot_product_attention(inputs["query"], inputs["key"], inputs["value"],
+                                              rel_key=inputs["rel_key"],
+                                              rel_value=inputs["rel_value"], max_distance=0)
   plain = jax.nn.dot_product_attention(inputs["query"], inputs["key"] + inputs["rel_key"][0],
                                        inputs["value"] + inputs["rel_value"][0])
   np.testing.assert_allclose(out, plain, **TOL)
@@ -210,8 +211,10 @@ def test_k_zero_is_one_vector_for_every_distance():
 
 def test_bfloat16_inputs_keep_their_dtype():
   inputs = _random_inputs(11, 1, 4, 4, 2, 4, 1, False, "key+value")
-  low = {name: x.astype(jnp.bfloat16) if name in ("query", "key", "value") else x
-         for name, x in inputs.items()}
+  low = {
+      name: x.astype(jnp.bfloat16) if name in ("query", "key", "value") else x
+      for name, x in inputs.items()
+  }
   out = kernel.relative_dot_product_attention(**low, max_distance=1)
   assert out.dtype == jnp.bfloat16
   full = kernel.relative_dot_product_attention(
@@ -224,7 +227,7 @@ def test_without_tables_matches_jax_dot_product_attention():
   bias = _normal(7, (2, 2, 4, 6))
   mask = jnp.arange(6)[None, None, None, :] < jnp.array([6, 2])[:, None, None, None]
   out = kernel.relative_dot_product_attention(inputs["query"], inputs["key"], inputs["value"],
-                                                 bias=bias, mask=mask)
+                                              bias=bias, mask=mask)
   want = jax.nn.dot_product_attention(inputs["query"], inputs["key"], inputs["value"], bias=bias,
                                       mask=mask)
   np.testing.assert_allclose(out, want, **TOL)
@@ -258,17 +261,17 @@ def test_attention_dropout_drops_weights():
   inputs = _random_inputs(8, 1, 4, 4, 2, 4, 1, False, "key+value")
   rng = jax.random.key(9)
   out = kernel.relative_dot_product_attention(**inputs, max_distance=1, dropout_rate=0.5,
-                                                 dropout_rng=rng)
+                                              dropout_rng=rng)
   weights = kernel.relative_attention_weights(inputs["query"], inputs["key"],
-                                                 rel_key=inputs["rel_key"], max_distance=1)
+                                              rel_key=inputs["rel_key"], max_distance=1)
   kept = jnp.where(jax.random.bernoulli(rng, 0.5, weights.shape), weights / 0.5, 0.0)
   row = positions.clipped_relative_position_index(jnp.arange(4), jnp.arange(4), 1)
-  values = (jnp.swapaxes(inputs["value"], 1, 2)[:, :, None]
-            + inputs["rel_value"][row][None, None])  # [b, h, q, k, d]
+  values = (jnp.swapaxes(inputs["value"], 1, 2)[:, :, None] + inputs["rel_value"][row][None, None]
+           )  # [b, h, q, k, d]
   np.testing.assert_allclose(out, jnp.einsum("bhqk,bhqkd->bqhd", kept, values), **TOL)
   no_rng = kernel.relative_dot_product_attention(**inputs, max_distance=1, dropout_rate=0.5)
-  np.testing.assert_allclose(no_rng, kernel.relative_dot_product_attention(
-      **inputs, max_distance=1), **TOL)
+  np.testing.assert_allclose(no_rng,
+                             kernel.relative_dot_product_attention(**inputs, max_distance=1), **TOL)
 
 
 def test_no_query_key_depth_tensor_is_built():
@@ -276,8 +279,9 @@ def test_no_query_key_depth_tensor_is_built():
   inputs = _random_inputs(10, 2, 5, 7, 3, 11, 2, False, "key+value")
 
   def loss(args):
-    return jnp.sum(kernel.relative_dot_product_attention(
-        **args, max_distance=2, query_positions=jnp.array([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]])))
+    return jnp.sum(
+        kernel.relative_dot_product_attention(
+            **args, max_distance=2, query_positions=jnp.array([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]])))
 
   jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(inputs)
   shapes = []
@@ -298,8 +302,7 @@ def test_invalid_arguments_raise():
   with pytest.raises(ValueError, match="rel_key"):
     kernel.relative_dot_product_attention(q, q, q, rel_key=jnp.ones((5, 4)), max_distance=1)
   with pytest.raises(ValueError, match="rel_value"):
-    kernel.relative_dot_product_attention(q, q, q, rel_value=jnp.ones((3, 3, 4)),
-                                             max_distance=1)
+    kernel.relative_dot_product_attention(q, q, q, rel_value=jnp.ones((3, 3, 4)), max_distance=1)
   with pytest.raises(ValueError, match="max_distance"):
     kernel.relative_dot_product_attention(q, q, q, max_distance=-1)
   with pytest.raises(ValueError, match="dropout_rate"):
@@ -318,11 +321,13 @@ def _bias_path_cases():
   arange = jnp.arange(8)[None]
   return [
       ("rel_k", {"rel_key": _normal(20, (5, 8)), "max_distance": 2, "mask": causal}),
-      ("rel_k_packed", {"rel_key": _normal(21, (2, 5, 8)), "max_distance": 2, "mask": packed,
-                        "query_positions": positions_, "key_positions": positions_}),
+      ("rel_k_packed", {
+          "rel_key": _normal(21, (2, 5, 8)), "max_distance": 2, "mask": packed,
+          "query_positions": positions_, "key_positions": positions_
+      }),
       ("t5", {"bias": _normal(22, (1, 2, 8, 8)), "mask": causal}),
-      ("alibi", {"bias": positions.alibi_bias(arange, arange, positions.alibi_slopes(2)),
-                 "mask": packed}),
+      ("alibi",
+       {"bias": positions.alibi_bias(arange, arange, positions.alibi_slopes(2)), "mask": packed}),
       ("plain", {"mask": packed}),
   ]
 
@@ -348,27 +353,28 @@ def test_auto_is_xla_where_cudnn_cannot_run():
   np.testing.assert_array_equal(auto, xla)
 
 
-@pytest.mark.parametrize("dtype,terms,dropout,depth,length,reason", [
-    (jnp.bfloat16, "", False, 8, 8, "needs a GPU"),  # this CPU
-    (jnp.float32, "", False, 8, 8, "float16 or bfloat16"),
-    (jnp.bfloat16, "value", False, 8, 8, "a^V"),
-    (jnp.bfloat16, "", True, 8, 8, "dropout"),
-    (jnp.bfloat16, "", False, 12, 8, "multiple of 8"),
-    (jnp.bfloat16, "", False, 8, 7, "even lengths"),
-])
+@pytest.mark.parametrize(
+    "dtype,terms,dropout,depth,length,reason",
+    [
+        (jnp.bfloat16, "", False, 8, 8, "needs a GPU"),  # this CPU
+        (jnp.float32, "", False, 8, 8, "float16 or bfloat16"),
+        (jnp.bfloat16, "value", False, 8, 8, "a^V"),
+        (jnp.bfloat16, "", True, 8, 8, "dropout"),
+        (jnp.bfloat16, "", False, 12, 8, "multiple of 8"),
+        (jnp.bfloat16, "", False, 8, 7, "even lengths"),
+    ])
 def test_cudnn_says_why_it_cannot_run(monkeypatch, dtype, terms, dropout, depth, length, reason):
   if reason != "needs a GPU":  # the other reasons, as a GPU would see them
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   inputs = _random_inputs(32, 1, length, length, 2, depth, 1, False, terms)
   query, key, value = (inputs[name].astype(dtype) for name in ("query", "key", "value"))
-  found = fused.cudnn_unsupported(query, key, value, rel_value=inputs["rel_value"],
-                                      dropout=dropout)
+  found = fused.cudnn_unsupported(query, key, value, rel_value=inputs["rel_value"], dropout=dropout)
   assert reason in found
   with pytest.raises(ValueError, match=f"'cudnn' cannot run here: .*{re.escape(reason)}"):
-    kernel.relative_dot_product_attention(
-        query, key, value, rel_value=inputs["rel_value"], max_distance=1,
-        dropout_rate=0.1 if dropout else 0.0,
-        dropout_rng=jax.random.key(0) if dropout else None, implementation="cudnn")
+    kernel.relative_dot_product_attention(query, key, value, rel_value=inputs["rel_value"],
+                                          max_distance=1, dropout_rate=0.1 if dropout else 0.0,
+                                          dropout_rng=jax.random.key(0) if dropout else None,
+                                          implementation="cudnn")
 
 
 def test_cudnn_accepts_a_half_precision_decode_step(monkeypatch):
@@ -388,5 +394,5 @@ def test_unknown_implementation_raises():
 def test_without_empty_rows_opens_only_rows_that_attend_nowhere():
   mask = jnp.array([[True, False, False], [False, False, False], [False, True, True]])
   opened = fused.without_empty_rows(mask[None, None])[0, 0]
-  np.testing.assert_array_equal(opened, [[True, False, False], [True, True, True],
-                                         [False, True, True]])
+  np.testing.assert_array_equal(opened,
+                                [[True, False, False], [True, True, True], [False, True, True]])

@@ -20,11 +20,10 @@ def _filtered(chunks: list[bytes]) -> tuple[bytes, bytes]:
 
 
 def test_drop_lines_drops_whole_noise_lines_only():
-  assert _filtered([b"[Gloo] Rank 0 is connected to 1 peer ranks.\nresult\n"]) == (b"result\n",
-                                                                                   b"")
+  assert _filtered([b"[Gloo] Rank 0 is connected to 1 peer ranks.\nresult\n"]) == (b"result\n", b"")
   # Split across writes; a progress bar's "\r" updates pass at once; other brackets pass.
-  assert _filtered([b"[Gl", b"oo] Rank 1 x\n", b"\r 50%|#", b"\r100%\n", b"[tag] y\n"]) == (
-      b"\r 50%|#\r100%\n[tag] y\n", b"")
+  assert _filtered([b"[Gl", b"oo] Rank 1 x\n", b"\r 50%|#", b"\r100%\n",
+                    b"[tag] y\n"]) == (b"\r 50%|#\r100%\n[tag] y\n", b"")
   # Not at the start of a line: kept. A line that may still become noise: held back.
   assert _filtered([b"a [Gloo] Rank 2\n[Gl"]) == (b"a [Gloo] Rank 2\n", b"[Gl")
 
@@ -42,8 +41,8 @@ sys.exit("error: the last line")
 
 
 def test_line_filter_cleans_both_streams_at_the_descriptor_and_loses_nothing_at_exit():
-  result = subprocess.run([sys.executable, "-c", FILTERED_PROGRAM], capture_output=True,
-                          text=True, timeout=120, check=False, cwd=ROOT,
+  result = subprocess.run([sys.executable, "-c", FILTERED_PROGRAM], capture_output=True, text=True,
+                          timeout=120, check=False, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT})
   assert result.returncode == 1
   assert json.loads(result.stdout) == {"step": 2}

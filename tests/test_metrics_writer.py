@@ -54,6 +54,6 @@ def test_writer_drops_records_past_the_resume_step_and_writes_strict_json(tmp_pa
   with metrics_writer.MetricsWriter(str(tmp_path), resume_step=2) as writer:
     writer.write(3, "train", {"loss": float("nan")})
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-  assert [json.loads(line) for line in lines] == [
-      {"step": 1, "split": "train", "loss": 1.0}, {"step": 2, "split": "train", "loss": 2.0},
-      {"step": 3, "split": "train", "loss": None}]
+  assert [json.loads(line) for line in lines] == [{"step": 1, "split": "train", "loss": 1.0},
+                                                  {"step": 2, "split": "train", "loss": 2.0},
+                                                  {"step": 3, "split": "train", "loss": None}]

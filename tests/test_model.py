@@ -22,9 +22,11 @@ from relpos.variants import relative
 
 VOCAB = 20
 EOS = 1
-TINY = {"emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_encoder_layers": 2,
-        "num_decoder_layers": 2, "max_len": 32, "max_relative_position": 2,
-        "t5_num_buckets": 8, "t5_max_distance": 12}
+TINY = {
+    "emb_dim": 16, "num_heads": 2, "qkv_dim": 16, "mlp_dim": 32, "num_encoder_layers": 2,
+    "num_decoder_layers": 2, "max_len": 32, "max_relative_position": 2, "t5_num_buckets": 8,
+    "t5_max_distance": 12
+}
 VARIANTS = {
     "absolute_sinusoidal": {"position": "absolute"},
     "absolute_learned": {"position": "absolute", "absolute_type": "learned"},
@@ -35,8 +37,10 @@ VARIANTS = {
     "relative_per_head": {"position": "relative", "relative_per_head": True},
     "relative_shared_layers": {"position": "relative", "relative_shared_across_layers": True},
     "abs_relative": {"position": "relative", "add_absolute": True},
-    "relative_post_ln_unshared": {"position": "relative", "pre_layer_norm": False,
-                                  "share_embeddings": False, "logits_via_embedding": False},
+    "relative_post_ln_unshared": {
+        "position": "relative", "pre_layer_norm": False, "share_embeddings": False,
+        "logits_via_embedding": False
+    },
     "t5": {"position": "t5"},
     "t5_per_layer": {"position": "t5", "t5_shared_across_layers": False},
     "rope": {"position": "rope"},
@@ -50,8 +54,10 @@ VARIANTS = {
 }
 # Every registered variant at its defaults, unless a case above has it: a new built-in variant
 # gets the contract tests (cache equals the full pass, packed equals unpacked, ...) by its file.
-VARIANTS.update({name: {"position": name} for name in variants.names()
-                 if all(case["position"] != name for case in VARIANTS.values())})
+VARIANTS.update({
+    name: {"position": name} for name in variants.names() if all(case["position"] != name
+                                                                for case in VARIANTS.values())
+})
 ATOL = 2e-5
 
 # Two source / target pairs; row 0 pads inputs and targets.
@@ -126,8 +132,7 @@ def test_packed_equals_unpacked(variant):
     start = 0
     for pair in order:
       length = len(targets[pair])
-      np.testing.assert_allclose(packed[row, start:start + length], alone[pair, :length],
-                                 atol=ATOL)
+      np.testing.assert_allclose(packed[row, start:start + length], alone[pair, :length], atol=ATOL)
       start += length
 
 
@@ -163,8 +168,11 @@ def test_absolute_type_selects_the_encoding(absolute_type, encoding):
 
 def parameter_sizes(model: nnx.Module, name: str) -> list[int]:
   """Sizes of the parameters called `name` (shared instances counted once)."""
-  return [variable[...].size for path, variable in nnx.state(model, nnx.Param).flat_state()
-          if path[-1] == name]
+  return [
+      variable[...].size
+      for path, variable in nnx.state(model, nnx.Param).flat_state()
+      if path[-1] == name
+  ]
 
 
 @pytest.mark.parametrize("overrides, per_table, tables, value_tables", [
@@ -213,23 +221,23 @@ def test_dropout_only_in_training():
     ({"absolute_type": "fixed"}, r"model\.absolute_type='fixed'.*'sinusoidal', 'learned'"),
     ({"max_relative_position": -1}, r"model\.max_relative_position=-1.*integer >= 0"),
     ({"num_heads": 3}, r"model\.num_heads=3.*divisor of model\.qkv_dim=16"),
-    ({"position": "relative", "relative_key": False, "relative_value": False},
-     r"model\.relative_key=False.*relative_value"),
+    ({"position": "relative", "relative_key": False, "relative_value": False
+     }, r"model\.relative_key=False.*relative_value"),
     ({"dropout_rate": 1.0}, r"model\.dropout_rate=1\.0.*\[0\.0, 1\.0\)"),
     ({"emb_dim": 0}, r"model\.emb_dim=0.*integer >= 1"),
     ({"num_encoder_layers": 1.5}, r"model\.num_encoder_layers=1\.5.*integer >= 1"),
     ({"relative_per_head": "yes"}, r"model\.relative_per_head='yes'.*True or False"),
     ({"position": "absolute", "emb_dim": 15, "qkv_dim": 16}, r"model\.emb_dim=15.*even"),
-    ({"position": "absolute", "absolute_type": "t2t_timing_signal", "emb_dim": 15,
-      "qkv_dim": 16}, r"model\.emb_dim=15.*even"),
+    ({"position": "absolute", "absolute_type": "t2t_timing_signal", "emb_dim": 15, "qkv_dim": 16
+     }, r"model\.emb_dim=15.*even"),
     ({"position": "rope", "qkv_dim": 6}, r"model\.qkv_dim=6.*multiple of 2 \* model\.num_heads"),
     ({"position": "t5", "t5_num_buckets": 2}, r"model\.t5_num_buckets=2.*>= 4"),
     ({"position": "t5", "t5_max_distance": 4}, r"model\.t5_max_distance=4.*> .*= 4"),
-    ({"position": "shape", "absolute_type": "learned"},
-     r"model\.absolute_type='learned'.*'sinusoidal', 't2t_timing_signal' under "
+    ({"position": "shape", "absolute_type": "learned"
+     }, r"model\.absolute_type='learned'.*'sinusoidal', 't2t_timing_signal' under "
      r"model\.position='shape'"),
-    ({"position": "randomized", "randomized_max_position": 31},
-     r"model\.randomized_max_position=31.*>= model\.max_len=32"),
+    ({"position": "randomized", "randomized_max_position": 31
+     }, r"model\.randomized_max_position=31.*>= model\.max_len=32"),
     ({"position": "fire", "fire_init_c": 0.0}, r"model\.fire_init_c=0\.0.*\(0\.0, inf\)"),
     ({"position": "fire", "fire_init_threshold": 0.5}, r"model\.fire_init_threshold=0\.5"),
 ])
@@ -249,8 +257,9 @@ def test_another_variants_field_is_left_out_and_logged_off_its_default(caplog):
 def test_from_config_rejects_unknown_fields_and_fills_missing_ones():
   model_cfg = default.get_config().model
   model_cfg.relative_heads = 2
-  with pytest.raises(ValueError, match=r"unknown config field model\.relative_heads; model has: "
-                                       r".*max_relative_position.*--import"):
+  with pytest.raises(
+      ValueError, match=r"unknown config field model\.relative_heads; model has: "
+      r".*max_relative_position.*--import"):
     model_config.TransformerConfig.from_config(model_cfg, VOCAB)
   del model_cfg["relative_heads"]
   del model_cfg["max_relative_position"]
@@ -271,8 +280,7 @@ def test_translate_equals_uncached_search(beam_size):
   inputs = jnp.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0], [9, 10, 11, 12, 13, 1]])
   tokens = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8)
   assert tokens.shape == (3, 8) and tokens.dtype == jnp.int32
-  uncached = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8,
-                              use_cache=False)
+  uncached = decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8, use_cache=False)
   np.testing.assert_array_equal(tokens, uncached)
   ended = 0
   for row in np.asarray(tokens):
@@ -295,8 +303,9 @@ def test_translate_with_oracle_lengths_ends_each_output_at_its_length(beam_size)
   plain = np.asarray(decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8))
   assert (plain[:, 0] == EOS).all()  # unbounded, every output is empty
   lengths = np.array([5, 2, 8])
-  tokens = np.asarray(decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8,
-                                       min_len=lengths, max_len=lengths))
+  tokens = np.asarray(
+      decode.translate(model, inputs, beam_size=beam_size, max_decode_len=8, min_len=lengths,
+                       max_len=lengths))
   for row, length in zip(tokens, lengths):
     assert list(row).index(EOS) == length - 1 and not row[length:].any()
 
@@ -306,8 +315,9 @@ def test_translate_with_oracle_lengths_ends_each_output_at_its_length(beam_size)
 # within 0.02: bfloat16 keeps 8 bits of mantissa, so each activation is off by up to 0.4%.
 BF16_LOGIT_ATOL = 0.1
 BF16_PROBABILITY_ATOL = 0.02
-MIXED_PRECISION_VARIANTS = ["absolute_sinusoidal", "relative_kv", "relative_per_head", "t5",
-                            "rope", "alibi", "none"]
+MIXED_PRECISION_VARIANTS = [
+    "absolute_sinusoidal", "relative_kv", "relative_per_head", "t5", "rope", "alibi", "none"
+]
 
 
 @pytest.mark.parametrize("variant", MIXED_PRECISION_VARIANTS)
@@ -316,15 +326,17 @@ def test_bfloat16_forward_is_close_to_float32(variant):
   half = make_model(**VARIANTS[variant], dtype="bfloat16")
   params = nnx.state(half, nnx.Param)
   assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-  assert all(jnp.array_equal(a, b) for a, b in zip(
-      jax.tree.leaves(nnx.state(full, nnx.Param)), jax.tree.leaves(params)))
+  assert all(
+      jnp.array_equal(a, b)
+      for a, b in zip(jax.tree.leaves(nnx.state(full, nnx.Param)), jax.tree.leaves(params)))
   assert half.encode(INPUTS).dtype == jnp.bfloat16
   want, got = full(INPUTS, TARGETS), half(INPUTS, TARGETS)
   assert got.dtype == jnp.float32
   real = TARGETS != 0
   np.testing.assert_allclose(got[real], want[real], atol=BF16_LOGIT_ATOL)
-  np.testing.assert_allclose(jax.nn.softmax(got)[real], jax.nn.softmax(want)[real],
-                             atol=BF16_PROBABILITY_ATOL)
+  np.testing.assert_allclose(
+      jax.nn.softmax(got)[real],
+      jax.nn.softmax(want)[real], atol=BF16_PROBABILITY_ATOL)
 
 
 @pytest.mark.parametrize("variant", ["relative_kv", "t5", "rope"])
@@ -348,8 +360,8 @@ def test_attention_implementation_cudnn_is_refused_with_the_reason():
 @pytest.mark.parametrize("overrides,message", [
     ({"dtype": "float32"}, r"model\.dtype='float32'.*float16 or bfloat16"),
     ({"relative_value": True}, r"model\.relative_value=True.*cannot add a\^V"),
-    ({"relative_value": False, "attention_dropout_rate": 0.1},
-     r"model\.attention_dropout_rate=0\.1"),
+    ({"relative_value": False, "attention_dropout_rate": 0.1
+     }, r"model\.attention_dropout_rate=0\.1"),
     ({"relative_value": False, "qkv_dim": 12}, r"model\.qkv_dim=12.*multiple of 8"),
 ])
 def test_attention_implementation_cudnn_needs_what_cudnn_can_run(monkeypatch, overrides, message):

@@ -16,8 +16,9 @@ def _project() -> dict:
 def test_every_package_is_installed():
   find = _project()["tool"]["setuptools"]["packages"]["find"]
   found = set(setuptools.find_namespace_packages(str(ROOT), include=find["include"]))
-  on_disk = {str(p.parent.relative_to(ROOT)).replace("/", ".")
-             for p in (ROOT / "relpos").rglob("*.py")} | {"configs"}
+  on_disk = {
+      str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "relpos").rglob("*.py")
+  } | {"configs"}
   assert on_disk <= found
 
 
@@ -27,8 +28,10 @@ def _name(requirement: Requirement) -> str:
 
 def test_ci_pins_every_dependency_inside_its_supported_range():
   project = _project()["project"]
-  supported = {_name(Requirement(text)): Requirement(text)
-               for text in project["dependencies"] + project["optional-dependencies"]["test"]}
+  supported = {
+      _name(Requirement(text)): Requirement(text)
+      for text in project["dependencies"] + project["optional-dependencies"]["test"]
+  }
   pinned = {}
   for line in (ROOT / ".ci" / "constraints.txt").read_text().splitlines():
     line = line.split("#")[0].strip()

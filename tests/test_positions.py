@@ -40,9 +40,8 @@ def _t5_bucket_reference(relative_position, bidirectional, num_buckets, max_dist
   is_small = relative_position < max_exact
   with np.errstate(divide="ignore", invalid="ignore"):  # log(0) = -inf, masked by is_small
     ratio = np.log(relative_position.astype(np.float32) / np.float32(max_exact))
-    relative_position_if_large = max_exact + (
-        ratio / np.float32(math.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact)
-    ).astype(np.int64)
+    relative_position_if_large = max_exact + (ratio / np.float32(math.log(
+        max_distance / max_exact)) * np.float32(num_buckets - max_exact)).astype(np.int64)
   relative_position_if_large = np.minimum(relative_position_if_large, num_buckets - 1)
   relative_buckets += np.where(is_small, relative_position, relative_position_if_large)
   return relative_buckets
@@ -85,7 +84,7 @@ def test_sinusoidal_position_encoding():
   np.testing.assert_allclose(enc[0, 0], [0, 0, 0, 1, 1, 1], atol=1e-7)
   for p_index, p in enumerate([0, 1, 5]):
     for c in range(dim // 2):
-      angle = p / 10000 ** (2 * c / dim)
+      angle = p / 10000**(2 * c / dim)
       np.testing.assert_allclose(enc[0, p_index, c], math.sin(angle), atol=1e-6)
       np.testing.assert_allclose(enc[0, p_index, dim // 2 + c], math.cos(angle), atol=1e-6)
   with pytest.raises(ValueError, match="dim"):
@@ -97,8 +96,8 @@ def get_timing_signal_1d(length, channels, min_timescale=1.0, max_timescale=1.0e
   channels]."""
   position = np.arange(length, dtype=np.float32)
   num_timescales = channels // 2
-  log_timescale_increment = (math.log(float(max_timescale) / float(min_timescale))
-                             / max(num_timescales - 1, 1))
+  log_timescale_increment = (math.log(float(max_timescale) / float(min_timescale)) /
+                             max(num_timescales - 1, 1))
   inv_timescales = min_timescale * np.exp(
       np.arange(num_timescales, dtype=np.float32) * -log_timescale_increment)
   scaled_time = position[:, None] * inv_timescales[None, :]
@@ -114,8 +113,8 @@ def test_t2t_timing_signal_matches_tensor2tensor(dim):
                              atol=2e-4)
   ours = positions.t2t_timing_signal(jnp.array([[3, 100]]), dim, min_timescale=2.0,
                                      max_timescale=50.0)
-  np.testing.assert_allclose(ours[0], get_timing_signal_1d(101, dim, 2.0, 50.0)[0, [3, 100]],
-                             atol=2e-5)
+  np.testing.assert_allclose(ours[0],
+                             get_timing_signal_1d(101, dim, 2.0, 50.0)[0, [3, 100]], atol=2e-5)
   with pytest.raises(ValueError, match="dim"):
     positions.t2t_timing_signal(jnp.arange(3), 7)
 
@@ -131,7 +130,7 @@ def test_sinusoid_is_not_the_t2t_timing_signal():
 def _float64_angles(num_positions: int, dim: int, base: float = 10000.0) -> np.ndarray:
   """p * base ** (-2c / dim) in float64: [num_positions, dim / 2]."""
   exponents = -np.arange(0, dim, 2, dtype=np.float64) / dim
-  return np.arange(num_positions, dtype=np.float64)[:, None] * base ** exponents
+  return np.arange(num_positions, dtype=np.float64)[:, None] * base**exponents
 
 
 def test_sinusoid_angles_are_float64_accurate():
@@ -175,11 +174,10 @@ def test_rope_preserves_norm_and_is_relative():
 
 
 def test_alibi_slopes():
-  np.testing.assert_allclose(positions.alibi_slopes(8), 2.0 ** -np.arange(1, 9))
+  np.testing.assert_allclose(positions.alibi_slopes(8), 2.0**-np.arange(1, 9))
   # Press et al.: 4-head slopes, then every other slope of 8 heads.
-  np.testing.assert_allclose(positions.alibi_slopes(6),
-                             [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3])
-  np.testing.assert_allclose(positions.alibi_slopes(1), [2 ** -8])
+  np.testing.assert_allclose(positions.alibi_slopes(6), [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3])
+  np.testing.assert_allclose(positions.alibi_slopes(1), [2**-8])
   with pytest.raises(ValueError, match="num_heads"):
     positions.alibi_slopes(0)
 
@@ -215,7 +213,7 @@ def test_random_sorted_positions_are_uniform_subsets_per_segment():
     assert (np.diff(segment, axis=1) > 0).all() and segment.min() >= 0 and segment.max() < 5
     counts = collections.Counter(map(tuple, segment))
     assert len(counts) == 10
-    chi2 = sum((c - 400) ** 2 / 400 for c in counts.values())
+    chi2 = sum((c - 400)**2 / 400 for c in counts.values())
     assert chi2 < 27.9  # 9 degrees of freedom, p = 0.001
   # A segment as long as L takes every position.
   full = positions.random_sorted_positions(jax.random.key(2), np.arange(6)[None], 6)

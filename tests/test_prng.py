@@ -92,6 +92,6 @@ print(after_import, loops())
 
 
 def test_a_program_start_registers_it_and_an_import_does_not():
-  out = subprocess.run([sys.executable, "-c", STARTS_A_PROGRAM], check=True,
-                       capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = subprocess.run([sys.executable, "-c", STARTS_A_PROGRAM], check=True, capture_output=True,
+                       text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.stdout.split() == ["True", "False"]

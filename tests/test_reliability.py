@@ -30,9 +30,10 @@ from relpos import workdir_files
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_PY = os.path.join(ROOT, "train.py")
 # The run every kill test restarts: 30 steps, a checkpoint every 4, metrics every step.
-KILL_RUN = {"train.num_steps": 30, "train.checkpoint_every_steps": 4, "train.log_every_steps": 1,
-            "train.eval_every_steps": 30, "train.keep_checkpoints": 3,
-            "decode.validation_bleu": False}
+KILL_RUN = {
+    "train.num_steps": 30, "train.checkpoint_every_steps": 4, "train.log_every_steps": 1,
+    "train.eval_every_steps": 30, "train.keep_checkpoints": 3, "decode.validation_bleu": False
+}
 # Kills the process in the middle of its second checkpoint write (after the arrays, before
 # the iterator state are written to the step's temporary folder).
 KILL_IN_SECOND_SAVE = """
@@ -48,7 +49,6 @@ handler.CheckpointHandler.save = killing_save
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-
 
 # The disk fills up while the checkpoint of step 4 is written: the write of its state's
 # _METADATA (in Orbax's background save) fails as a full disk's does.
@@ -75,8 +75,10 @@ def data_dir(tmp_path_factory):
 def environment(tmp_path_factory):
   """Environment of the training processes: JAX's persistent compilation cache shared between
   them (each process would otherwise compile the same steps again)."""
-  return {**os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-          "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache"))}
+  return {
+      **os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+      "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache"))
+  }
 
 
 def make_config(data_dir: str, overrides: dict):
@@ -90,8 +92,10 @@ def make_config(data_dir: str, overrides: dict):
 
 def train_command(workdir: str, data_dir: str, overrides: dict) -> list[str]:
   flags = [f"--config.{path}={value}" for path, value in overrides.items()]
-  return [sys.executable, TRAIN_PY, f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}",
-          f"--config.task.tfds_data_dir={data_dir}", *flags]
+  return [
+      sys.executable, TRAIN_PY, f"--config={ROOT}/configs/tiny.py", f"--workdir={workdir}",
+      f"--config.task.tfds_data_dir={data_dir}", *flags
+  ]
 
 
 def saved(workdir: str, step: int | None = None) -> tuple[dict, str]:
@@ -108,8 +112,9 @@ def assert_same_run(workdir: str, reference: str) -> None:
   assert int(state["step"]) == int(expected_state["step"])
   jax.tree.map(np.testing.assert_array_equal, state, expected_state)
   assert data == expected_data
-  assert metrics_writer.without_timing(metrics_writer.read_metrics(workdir)) == (
-      metrics_writer.without_timing(metrics_writer.read_metrics(reference)))
+  assert metrics_writer.without_timing(
+      metrics_writer.read_metrics(workdir)) == (metrics_writer.without_timing(
+          metrics_writer.read_metrics(reference)))
 
 
 def max_logged_step(workdir: str) -> int:
@@ -125,7 +130,7 @@ def reference(data_dir, tmp_path_factory):
 
 
 def test_sigkill_at_random_points_then_restart_is_bitwise_exact(reference, data_dir, environment,
-                                                               tmp_path):
+                                                                tmp_path):
   workdir, rng = str(tmp_path / "run"), random.Random(7)
   command = train_command(workdir, data_dir, KILL_RUN)
   for _ in range(3):
@@ -213,6 +218,7 @@ def strict_records(workdir: str) -> list[dict]:
   """metrics.jsonl read as strict JSON (NaN or Infinity in it fail the test)."""
   def reject(constant):
     raise AssertionError(f"metrics.jsonl holds {constant}")
+
   with open(os.path.join(workdir, workdir_files.METRICS_FILE), encoding="utf-8") as f:
     return [json.loads(line, parse_constant=reject) for line in f]
 
@@ -229,18 +235,22 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
     return global_batch(self, batch)
 
   monkeypatch.setattr(steps_lib.Steps, "global_batch", poisoned)
-  overrides = {"train.num_steps": 5, "train.checkpoint_every_steps": 1, "train.log_every_steps": 1,
-               "train.eval_every_steps": 5, "train.keep_checkpoints": 10,
-               "train.nonfinite": "raise" if mode == "raise" else "skip",
-               "train.max_skipped_fraction": 0.01 if mode == "skip_too_many" else 0.2,
-               "decode.validation_bleu": False}
+  overrides = {
+      "train.num_steps": 5, "train.checkpoint_every_steps": 1, "train.log_every_steps": 1,
+      "train.eval_every_steps": 5, "train.keep_checkpoints": 10,
+      "train.nonfinite": "raise" if mode == "raise" else "skip",
+      "train.max_skipped_fraction": 0.01 if mode == "skip_too_many" else 0.2,
+      "decode.validation_bleu": False
+  }
   workdir = str(tmp_path)
   if mode != "skip":
-    message = {"raise": r"non-finite loss, gradient or parameters at step 3 \(.*\), not saved; "
-                        r"the last checkpoint is step 2\. Set train.nonfinite='skip'",
-               "skip_too_many": r"updates skipped for non-finite values: 1 by step 3, more than "
-                                r"train.max_skipped_fraction=0.01 of the run's 5 steps \(step 3: "
-                                r"loss=nan, .*\); the last checkpoint is step 2"}[mode]
+    message = {
+        "raise": r"non-finite loss, gradient or parameters at step 3 \(.*\), not saved; "
+                 r"the last checkpoint is step 2\. Set train.nonfinite='skip'",
+        "skip_too_many": r"updates skipped for non-finite values: 1 by step 3, more than "
+                         r"train.max_skipped_fraction=0.01 of the run's 5 steps \(step 3: "
+                         r"loss=nan, .*\); the last checkpoint is step 2"
+    }[mode]
     with pytest.raises(train.NonFiniteError, match=message):
       train.train_and_evaluate(make_config(data_dir, overrides), workdir)
     state, _ = saved(workdir)
@@ -262,11 +272,14 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
 def test_exploded_update_is_not_a_good_step(data_dir, tmp_path):
   """A learning rate of 1e30: step 1's loss and gradient are finite, the parameters it makes
   are not (their norm overflows float32)."""
-  overrides = {"train.num_steps": 3, "train.checkpoint_every_steps": 1,
-               "train.learning_rate": 1e30, "decode.validation_bleu": False}
-  with pytest.raises(train.NonFiniteError, match=(
-      r"non-finite loss, gradient or parameters at step 1 \(loss=\d+\.\d+, grad_norm=\d+\.\d+, "
-      r"param_norm=inf\), not saved; no checkpoint was saved yet\.")):
+  overrides = {
+      "train.num_steps": 3, "train.checkpoint_every_steps": 1, "train.learning_rate": 1e30,
+      "decode.validation_bleu": False
+  }
+  with pytest.raises(
+      train.NonFiniteError, match=(
+          r"non-finite loss, gradient or parameters at step 1 \(loss=\d+\.\d+, grad_norm=\d+\.\d+, "
+          r"param_norm=inf\), not saved; no checkpoint was saved yet\.")):
     train.train_and_evaluate(make_config(data_dir, overrides), str(tmp_path))
   assert not os.listdir(checkpoints.checkpoint_dir(str(tmp_path)))
 
@@ -274,8 +287,10 @@ def test_exploded_update_is_not_a_good_step(data_dir, tmp_path):
 def test_other_architecture_names_first_differing_parameter(reference, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)
-  before = {p: os.path.getmtime(p) for p in (os.path.join(workdir, "config.json"),
-                                             checkpoints.checkpoint_dir(workdir))}
+  before = {
+      p: os.path.getmtime(p)
+      for p in (os.path.join(workdir, "config.json"), checkpoints.checkpoint_dir(workdir))
+  }
   listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
   os.remove(os.path.join(workdir, "config.json"))  # nothing to compare the config with
   config = make_config(data_dir, {**KILL_RUN, "model.max_relative_position": 8})
@@ -284,8 +299,8 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
   with pytest.raises(ValueError, match=message):
     train.train_and_evaluate(config, workdir)
   assert not os.path.exists(os.path.join(workdir, "config.json"))
-  assert {p: os.path.getmtime(p) for p in before if os.path.exists(p)} == {
-      p: t for p, t in before.items() if os.path.exists(p)}
+  assert {p: os.path.getmtime(p) for p in before if os.path.exists(p)
+         } == {p: t for p, t in before.items() if os.path.exists(p)}
   assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == listing
   shutil.copy(os.path.join(reference, "config.json"), workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
@@ -299,14 +314,15 @@ def test_other_architecture_names_first_differing_parameter(reference, data_dir,
 
 @pytest.mark.parametrize("field, value, before", [("spm_model_type", "bpe", "unigram"),
                                                   ("vocab_size", 128, 64)])
-def test_resuming_with_another_tokenizer_stops(field, value, before, reference, data_dir,
-                                               tmp_path):
+def test_resuming_with_another_tokenizer_stops(field, value, before, reference, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)
   config = make_config(data_dir, {**KILL_RUN, f"task.{field}": value})
-  with pytest.raises(ValueError, match=(
-      rf"config field task.{field}={value!r} differs from the {before!r} that the checkpoints "
-      rf"in {workdir} were trained with \({workdir}/config.json\): the tokenizer would change")):
+  with pytest.raises(
+      ValueError, match=(
+          rf"config field task.{field}={value!r} differs from the {before!r} that the checkpoints "
+          rf"in {workdir} were trained with \({workdir}/config.json\): the tokenizer would change"
+      )):
     train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["task"][field] == before
@@ -318,10 +334,12 @@ def test_resuming_with_another_position_variant_stops(reference, data_dir, tmp_p
   shutil.copytree(reference, workdir)
   listing = sorted(os.listdir(checkpoints.checkpoint_dir(workdir)))
   config = make_config(data_dir, {**KILL_RUN, "model.position": "rope", "train.num_steps": 34})
-  with pytest.raises(ValueError, match=(
-      rf"^config field model.position='rope' differs from the 'relative' that the checkpoints "
-      rf"in {workdir} were trained with \({workdir}/config.json\): the model would change under "
-      rf"its parameters. Resume with model.position='relative' or train in a new --workdir.$")):
+  with pytest.raises(
+      ValueError, match=
+      (rf"^config field model.position='rope' differs from the 'relative' that the checkpoints "
+       rf"in {workdir} were trained with \({workdir}/config.json\): the model would change "
+       rf"under its parameters. Resume with model.position='relative' or train in a new --workdir.$"
+      )):
     train.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["model"]["position"] == "relative"
@@ -354,15 +372,14 @@ def test_second_run_on_a_workdir_stops_naming_the_first(data_dir, tmp_path):
   assert sorted(os.listdir(workdir)) == [workdir_files.LOCK_FILE]  # the second run wrote nothing
 
 
-def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(reference, data_dir,
-                                                                      tmp_path, caplog):
+def test_evaluating_a_training_workdir_reads_only_complete_checkpoints(
+    reference, data_dir, tmp_path, caplog):
   workdir = str(tmp_path / "run")
   os.makedirs(workdir)
   shutil.copy(os.path.join(reference, "config.json"), workdir)  # a run that has just started
   config = make_config(data_dir, KILL_RUN)
   with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {workdir}/checkpoints"):
-    evaluate.restore_model(workdir, run_config.validate(config), "latest",
-                           device_mesh.make_mesh())
+    evaluate.restore_model(workdir, run_config.validate(config), "latest", device_mesh.make_mesh())
   shutil.rmtree(workdir)
   shutil.copytree(reference, workdir)
   manager = checkpoints.make_manager(workdir, read_only=True)
@@ -408,8 +425,9 @@ def damaged_copy(reference: str, workdir: str, kind: str) -> tuple[str, str]:
   return newest, _damage(kind, newest)
 
 
-@pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files",
-                                  "empty_iterator_state", "empty_step_folder"])
+@pytest.mark.parametrize(
+    "kind",
+    ["truncated_metadata", "missing_array_files", "empty_iterator_state", "empty_step_folder"])
 def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, reference, data_dir,
                                                                    tmp_path, caplog):
   workdir = str(tmp_path / "run")
@@ -422,10 +440,8 @@ def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, referen
   assert_same_run(workdir, reference)
 
 
-@pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files",
-                                  "empty_step_folder"])
-def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir, tmp_path,
-                                                      caplog):
+@pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files", "empty_step_folder"])
+def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir, tmp_path, caplog):
   workdir = str(tmp_path / "run")
   newest, problem = damaged_copy(reference, workdir, kind)
   config = make_config(data_dir, KILL_RUN)
@@ -460,8 +476,9 @@ def test_resuming_with_another_process_count_says_how_many(reference, data_dir, 
     first, second = (os.path.join(data, f"process_{i}-of-2.json") for i in (0, 1))
     os.rename(os.path.join(data, "process_0-of-1.json"), first)
     shutil.copy(first, second)
-  with pytest.raises(ValueError, match=r"checkpoint .*/30 was written by 2 processes and this run "
-                                       r"has 1: .* resume with 2 processes"):
+  with pytest.raises(
+      ValueError, match=r"checkpoint .*/30 was written by 2 processes and this run "
+      r"has 1: .* resume with 2 processes"):
     train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
 
 
@@ -486,8 +503,7 @@ print(json.dumps({"devices": jax.device_count(), "step": step, "params": params}
 """
 
 
-def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, environment,
-                                                       tmp_path):
+def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, environment, tmp_path):
   assert jax.device_count() == 4
   resumed, fresh = str(tmp_path / "resumed"), str(tmp_path / "fresh")
   shutil.copytree(reference, resumed)
@@ -514,16 +530,20 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
   for param in jax.tree.leaves(model_lib.split_model(model)[1]):
     assert len(param.sharding.device_set) == 4
   train.train_and_evaluate(make_config(data_dir, {**KILL_RUN, "train.num_steps": 12}), fresh)
-  losses = lambda workdir: [r["smoothed_loss"] for r in metrics_writer.read_metrics(workdir)
-                            if r["split"] == "train" and r["step"] <= 12]
+  losses = lambda workdir: [
+      r["smoothed_loss"]
+      for r in metrics_writer.read_metrics(workdir)
+      if r["split"] == "train" and r["step"] <= 12
+  ]
   np.testing.assert_allclose(losses(fresh), losses(reference), rtol=1e-4)
 
 
 # Unpacked batches (length buckets) with dropout: what a process takes of each global batch
 # decides its rows' dropout masks, so only contiguous rows make two processes train as one.
-TWO_PROCESS_RUN = {"task.packing": False, "train.num_steps": 4, "train.checkpoint_every_steps": 2,
-                   "train.log_every_steps": 1, "train.eval_every_steps": 100,
-                   "decode.validation_bleu": False}
+TWO_PROCESS_RUN = {
+    "task.packing": False, "train.num_steps": 4, "train.checkpoint_every_steps": 2,
+    "train.log_every_steps": 1, "train.eval_every_steps": 100, "decode.validation_bleu": False
+}
 # One of two processes (2 devices each): trains 2 steps, resumes to 4, then scores the
 # validation split of a run that translates (conftest's translating_run) greedily.
 IN_TWO_PROCESSES = """
@@ -549,12 +569,15 @@ def _in_two_processes(data_dir: str, workdir: str, translating: str, output_dir:
   fresh workdir on another port."""
   for attempt in (1, 2):
     address = f"localhost:{random.randrange(20000, 40000)}"
-    processes = [subprocess.Popen(
-        [sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, translating, output_dir,
-         f"{address},2,{index}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
-        for index in range(2)]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, translating,
+                output_dir, f"{address},2,{index}"
+            ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+        for index in range(2)
+    ]
     outputs = [process.communicate(timeout=240) for process in processes]
     failed = [stderr for process, (_, stderr) in zip(processes, outputs) if process.returncode]
     if not failed:
@@ -578,8 +601,10 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, t
                               environment)
   results = [json.loads(stdout.strip().splitlines()[-1]) for stdout in outputs]
   assert sorted(os.listdir(os.path.join(checkpoints.checkpoint_dir(workdir), "4", "data"))) == [
-      "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"]
-  losses = lambda run: [(r["step"], r["smoothed_loss"]) for r in metrics_writer.read_metrics(run)
+      "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"
+  ]
+  losses = lambda run: [(r["step"], r["smoothed_loss"])
+                        for r in metrics_writer.read_metrics(run)
                         if r["split"] == "train"]
   assert [step for step, _ in losses(workdir)] == [1, 2, 3, 4]
   np.testing.assert_allclose(losses(workdir), losses(reference), rtol=1e-6)
@@ -589,8 +614,8 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, t
   for result in results:
     assert result["step"] == expected["step"] == 400
     assert result["bleu"] == expected["bleu"] and result["chrf"] == expected["chrf"]
-  with open(results[0]["translations_file"], encoding="utf-8") as f, open(
-      expected["translations_file"], encoding="utf-8") as g:
+  with open(results[0]["translations_file"],
+            encoding="utf-8") as f, open(expected["translations_file"], encoding="utf-8") as g:
     translations = f.read()
     assert translations == g.read()
   assert translations.count("\n") == 16 and "\n\n" not in translations  # none empty

@@ -108,8 +108,8 @@ def test_one_step_is_the_same_on_one_and_four_devices():
   (params_1, metrics_1), (params_4, metrics_4) = outputs
   np.testing.assert_allclose(metrics_1["loss"], metrics_4["loss"], rtol=1e-6)
   np.testing.assert_allclose(metrics_1["grad_norm"], metrics_4["grad_norm"], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               params_1, params_4)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params_1,
+               params_4)
 
 
 def test_run_writes_config_metrics_events_and_checkpoints(trained):
@@ -126,8 +126,9 @@ def test_run_writes_config_metrics_events_and_checkpoints(trained):
     assert 0.0 <= record["accuracy"] <= 1.0 and record["loss"] > 0
     assert record["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
   assert result["step"] == NUM_STEPS and not result["preempted"]
-  assert result["validation"] == {k: v for k, v in validation[-1].items()
-                                  if k not in ("step", "split")}
+  assert result["validation"] == {
+      k: v for k, v in validation[-1].items() if k not in ("step", "split")
+  }
   assert all(record["time_s"] > 0 for record in validation)
   assert result["validation_time_s"] == pytest.approx(sum(r["time_s"] for r in validation))
   train_losses = [r["smoothed_loss"] for r in records if r["split"] == "train"]
@@ -162,12 +163,14 @@ def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   config = tiny_config(data_dir)
   config.train.nonfinite = "ignore"
-  with pytest.raises(ValueError, match="config field train.nonfinite='ignore' is invalid: must "
-                                       "be one of 'raise', 'skip'"):
+  with pytest.raises(
+      ValueError, match="config field train.nonfinite='ignore' is invalid: must "
+      "be one of 'raise', 'skip'"):
     train.train_and_evaluate(config, workdir)
   config = tiny_config(data_dir, batch_size=6)
-  with pytest.raises(ValueError, match=r"train.batch_size=6 must be divisible by the number of "
-                                       r"devices \(4\)"):
+  with pytest.raises(
+      ValueError, match=r"train.batch_size=6 must be divisible by the number of "
+      r"devices \(4\)"):
     train.train_and_evaluate(config, workdir)
   assert not os.path.exists(workdir)
   (tmp_path / "file").write_text("")
@@ -212,13 +215,17 @@ def test_half_precision_train_steps_stay_close_to_float32(dtype):
   assert int(state_16["num_skipped"]) == 0
   assert losses_32[-1] < losses_32[0]  # it learns
   loss_gap = np.max(np.abs(np.array(losses_16) / np.array(losses_32) - 1))
-  assert {leaf.dtype for leaf in jax.tree.leaves(state_16["opt_state"])
-          if jnp.issubdtype(leaf.dtype, jnp.floating)} == {np.dtype(np.float32)}
+  assert {
+      leaf.dtype
+      for leaf in jax.tree.leaves(state_16["opt_state"])
+      if jnp.issubdtype(leaf.dtype, jnp.floating)
+  } == {np.dtype(np.float32)}
   initial = initial_params(config)
   update = lambda state: jax.tree.map(np.subtract, state["params"], initial)
   update_32, update_16 = update(state_32), update(state_16)
-  update_gap = float(optax.global_norm(jax.tree.map(np.subtract, update_16, update_32))
-                     / optax.global_norm(update_32))
+  update_gap = float(
+      optax.global_norm(jax.tree.map(np.subtract, update_16, update_32)) /
+      optax.global_norm(update_32))
   assert loss_gap <= LOSS_RTOL[dtype]
   assert update_gap <= UPDATE_RTOL[dtype]
 
@@ -226,21 +233,24 @@ def test_half_precision_train_steps_stay_close_to_float32(dtype):
 def initial_params(config) -> dict:
   """The parameters `updates_on_one_batch` starts from, on the host."""
   mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
-  return jax.device_get(steps_lib.get_steps(mesh, run_config.validate(config).model,
-                                        config.train).init(0)["params"])
+  return jax.device_get(
+      steps_lib.get_steps(mesh,
+                          run_config.validate(config).model, config.train).init(0)["params"])
 
 
 def test_loss_scale_halves_on_overflow_and_doubles_after_a_period():
   scale = train_state.initial_loss_scale()
   halved = train_state.update_loss_scale(scale, jnp.array(False))
-  assert float(halved["scale"]) == train_state.INITIAL_LOSS_SCALE / 2 and int(halved["good_steps"]) == 0
+  assert float(halved["scale"]) == train_state.INITIAL_LOSS_SCALE / 2 and int(
+      halved["good_steps"]) == 0
   almost = {"scale": halved["scale"], "good_steps": jnp.array(train_state.LOSS_SCALE_PERIOD - 2)}
   kept = train_state.update_loss_scale(almost, jnp.array(True))
   assert float(kept["scale"]) == float(halved["scale"])
   doubled = train_state.update_loss_scale(kept, jnp.array(True))
-  assert float(doubled["scale"]) == train_state.INITIAL_LOSS_SCALE and int(doubled["good_steps"]) == 0
+  assert float(doubled["scale"]) == train_state.INITIAL_LOSS_SCALE and int(
+      doubled["good_steps"]) == 0
   floor = train_state.update_loss_scale({"scale": jnp.array(1.0), "good_steps": jnp.array(0)},
-                                  jnp.array(False))
+                                        jnp.array(False))
   assert float(floor["scale"]) == 1.0
 
 
@@ -259,8 +269,8 @@ def test_accumulated_gradient_equals_the_whole_batch_on_four_devices():
   (params_1, metrics_1), (params_2, metrics_2) = outputs[1], outputs[2]
   np.testing.assert_allclose(metrics_2["loss"], metrics_1["loss"], rtol=1e-6)
   np.testing.assert_allclose(metrics_2["grad_norm"], metrics_1["grad_norm"], rtol=1e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               params_2, params_1)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), params_2,
+               params_1)
 
 
 def test_micro_batches_keep_each_devices_rows():
@@ -271,8 +281,9 @@ def test_micro_batches_keep_each_devices_rows():
 
 def test_accumulation_must_divide_the_batch(data_dir, tmp_path):
   config = tiny_config(data_dir, grad_accumulation_steps=3)
-  with pytest.raises(ValueError, match=r"train\.batch_size=8 must be divisible by "
-                                       r"train\.grad_accumulation_steps=3"):
+  with pytest.raises(
+      ValueError, match=r"train\.batch_size=8 must be divisible by "
+      r"train\.grad_accumulation_steps=3"):
     train.train_and_evaluate(config, str(tmp_path))
 
 
@@ -301,8 +312,8 @@ def test_config_written_before_the_new_train_fields_still_validates():
   config = tiny.get_config()
   del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
   validated = run_config.validate(config)
-  assert (validated.train.grad_accumulation_steps,
-          validated.train.early_stopping_patience) == (1, 0)
+  assert (validated.train.grad_accumulation_steps, validated.train.early_stopping_patience) == (1,
+                                                                                                0)
   assert "grad_accumulation_steps" not in config.train  # what it was given is left as it is
 
 
@@ -327,10 +338,11 @@ def test_a_model_field_changed_on_resume_stops(tmp_path, field, value):
   config = run_config.validate(config)
   run_config.check_resume(config, workdir, resuming=False)  # nothing saved: a warning
   before = saved["model"][field.split(".")[1]]
-  with pytest.raises(ValueError, match=(
-      rf"^config field {field}={value!r} differs from the {before!r} that the checkpoints in "
-      rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
-      rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
+  with pytest.raises(
+      ValueError, match=(
+          rf"^config field {field}={value!r} differs from the {before!r} that the checkpoints in "
+          rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
+          rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
     run_config.check_resume(config, workdir, resuming=True)
 
 
@@ -344,17 +356,16 @@ def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, capl
   assert "train.learning_rate=0.002->0.001" in caplog.text
 
 
-def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default(tmp_path,
-                                                                                 caplog):
+def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default(tmp_path, caplog):
   """A campaign resumed across commits: a field the old config.json lacks was its default."""
-  workdir, _ = _saved_run(
-      tmp_path, lambda saved: saved["model"].pop("relative_shared_across_layers"))
+  workdir, _ = _saved_run(tmp_path,
+                          lambda saved: saved["model"].pop("relative_shared_across_layers"))
   config = tiny.get_config()
   run_config.check_resume(run_config.validate(config), workdir, resuming=True)
   assert "changed since the run's last start" not in caplog.text
   config.model.relative_shared_across_layers = True
   with pytest.raises(ValueError, match=r"model.relative_shared_across_layers=True differs from "
-                                       r"the False "):
+                     r"the False "):
     run_config.check_resume(run_config.validate(config), workdir, resuming=True)
 
 
@@ -370,9 +381,10 @@ def test_a_damaged_metrics_line_stops_a_resume_naming_it_before_any_write(traine
     f.writelines(lines)
   config_json = os.path.join(resumed, "config.json")
   os.utime(config_json, (0, 0))
-  with pytest.raises(ValueError, match=(
-      rf"^{path}:3 is not a JSON record \(Invalid control character at: line 1 column \d+ "
-      r"\(char \d+\)\): repair or delete that line \(the checkpoints do not need it\)\.$")):
+  with pytest.raises(
+      ValueError,
+      match=(rf"^{path}:3 is not a JSON record \(Invalid control character at: line 1 column \d+ "
+             r"\(char \d+\)\): repair or delete that line \(the checkpoints do not need it\)\.$")):
     train.train_and_evaluate(tiny_config(config.task.tfds_data_dir, num_steps=16), resumed)
   assert os.path.getmtime(config_json) == 0
 

@@ -25,15 +25,14 @@ def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="imports.json must hold a JSON list"):
     user_modules.import_recorded(str(workdir))
   with pytest.raises(ValueError, match=r"--import=\S*mine\.py: \S*mine\.py lies inside the "
-                                       r"workdir"):
+                     r"workdir"):
     user_modules.import_modules([str(module)], refuse_under=str(tmp_path))
 
 
 @pytest.mark.parametrize("body, words", [("sys.exit(3)", "exited with status 3"),
                                          ("sys.exit()", "exited with status 0"),
                                          ("sys.exit('no GPU here')", "exited (no GPU here)")])
-def test_import_of_a_module_that_exits_is_an_error_naming_it(body, words, tmp_path,
-                                                              monkeypatch):
+def test_import_of_a_module_that_exits_is_an_error_naming_it(body, words, tmp_path, monkeypatch):
   monkeypatch.setattr(user_modules, "_IMPORTED", [])
   module = tmp_path / "leaving.py"
   module.write_text(f"import sys\n{body}\n")

@@ -28,13 +28,11 @@ from test_train import _random_batch, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERPLE = ROOT / "examples" / "kerple.py"
-BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi", "fire", "shape",
-            "randomized")
+BUILT_IN = ("none", "absolute", "relative", "t5", "rope", "alibi", "fire", "shape", "randomized")
 
 
 class DistanceBias(variants.AttentionPosition):
   """A learned scalar per head for each distance |j - i| clipped to `window`."""
-
   def __init__(self, num_heads: int, window: int, *, rngs: nnx.Rngs):
     self.window = window
     self.table = nnx.Param(jax.random.normal(rngs.params(), (window + 1, num_heads)))
@@ -79,8 +77,9 @@ def test_built_in_variants_are_registered_in_order():
 
 
 def test_unknown_variant_lists_the_registered_ones():
-  with pytest.raises(ValueError, match=r"unknown position variant 'nope'; registered: none, "
-                                       r"absolute, relative, t5, rope, alibi.*--import"):
+  with pytest.raises(
+      ValueError, match=r"unknown position variant 'nope'; registered: none, "
+      r"absolute, relative, t5, rope, alibi.*--import"):
     variants.get("nope")
 
 
@@ -90,8 +89,9 @@ def test_register_refuses_a_taken_name_or_field(registered):
 
   with pytest.raises(ValueError, match="'relative' is already registered"):
     variants.register("relative")(Other)
-  with pytest.raises(ValueError, match="field model.distance_window is already a field of "
-                                       "variant 'distance_bias'"):
+  with pytest.raises(
+      ValueError, match="field model.distance_window is already a field of "
+      "variant 'distance_bias'"):
     variants.register("other")(Other)
   with pytest.raises(ValueError, match="not a relpos.variants.Variant subclass"):
     variants.register("plain")(dict)
@@ -110,8 +110,7 @@ def test_a_variant_defined_here_is_configured_validated_and_shared(registered):
     _model(position="distance_bias", distance_window=-1)
   model = _model(position="distance_bias", distance_window=2)
   layers = [*model.encoder.layers, *model.decoder.layers]
-  assert all(layer.self_attention.position is layers[0].self_attention.position
-             for layer in layers)
+  assert all(layer.self_attention.position is layers[0].self_attention.position for layer in layers)
   tables = [v for path, v in nnx.state(model, nnx.Param).flat_state() if path[-1] == "table"]
   assert [t[...].shape for t in tables] == [(3, 2)]  # one table, counted once
 
@@ -162,8 +161,8 @@ def test_import_brings_a_users_variant_into_train_and_eval(tmp_path):
   assert trained.returncode == 0, trained.stderr[-2000:]
   assert json.loads(trained.stdout.strip().splitlines()[-1])["step"] == 4
   assert json.loads((workdir / "imports.json").read_text()) == [str(KERPLE)]
-  assert json.loads((workdir / "config.json").read_text())["model"][
-      "kerple_shared_across_layers"] is True
+  assert json.loads(
+      (workdir / "config.json").read_text())["model"]["kerple_shared_across_layers"] is True
   # eval.py imports what the run recorded, without being told.
   scored = _run("eval.py", f"--workdir={workdir}", "--split=validation", "--beam_size=1",
                 f"--output_dir={tmp_path / 'eval'}")
@@ -182,7 +181,8 @@ def test_import_mistakes_are_one_line(tmp_path):
   missing = _run("train.py", "--import=no_such_module_here", f"--workdir={tmp_path}")
   assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
       "error: --import=no_such_module_here: no such module or .py file (a module must be "
-      "importable: on PYTHONPATH, or give the path of its .py file)."]
+      "importable: on PYTHONPATH, or give the path of its .py file)."
+  ]
   broken = tmp_path / "broken.py"
   broken.write_text("import nothing_of_that_name\n")
   failed = _run("train.py", f"--import={broken}", f"--workdir={tmp_path / 'run'}")
@@ -193,7 +193,8 @@ def test_import_mistakes_are_one_line(tmp_path):
   leaving.write_text("import sys\nsys.exit(3)\n")
   exited = _run("train.py", f"--import={leaving}", f"--workdir={tmp_path / 'run'}")
   assert exited.returncode == 1 and exited.stderr.strip().splitlines() == [
-      f"error: --import={leaving} exited with status 3 while being imported."]
+      f"error: --import={leaving} exited with status 3 while being imported."
+  ]
   unknown = _run("train.py", "--config.model.position=kerple", f"--workdir={tmp_path / 'run'}")
   assert unknown.stderr.strip().splitlines()[-1].endswith(
       "(a variant of your own: --import=<its module>).")
@@ -201,20 +202,17 @@ def test_import_mistakes_are_one_line(tmp_path):
 
 class WrongBias(variants.AttentionPosition):
   """A bias laid out [batch, q_len, kv_len, 5]: not [batch, heads, q_len, kv_len]."""
-
   def terms(self, query_positions, key_positions):
     shape = (query_positions.shape[0], query_positions.shape[1], key_positions.shape[1], 5)
     return variants.AttentionTerms(bias=jnp.zeros(shape))
 
 
 class WrongBiasVariant(variants.Variant):
-
   def self_attention(self, num_layers, *, causal, rngs):
     return [WrongBias() for _ in range(num_layers)]
 
 
 class FailingVariant(variants.Variant):
-
   def self_attention(self, num_layers, *, causal, rngs):
     raise KeyError("num_heads")
 
@@ -236,9 +234,10 @@ def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path, monk
       "bias has shape (1, 3, 3, 5); it must broadcast to [batch, heads, q_len, kv_len] = "
       "(2, 2, 3, 3).")
   config.model.position = "failing"
-  with pytest.raises(ValueError, match=r"^position variant 'failing' \(.*test_variants.py\) "
-                                       r"fails on a trial batch, before any work: KeyError: "
-                                       r"'num_heads'\.$"):
+  with pytest.raises(
+      ValueError, match=r"^position variant 'failing' \(.*test_variants.py\) "
+      r"fails on a trial batch, before any work: KeyError: "
+      r"'num_heads'\.$"):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()
 
@@ -268,7 +267,8 @@ def test_import_of_a_variant_of_the_wrong_shape_is_one_line_and_writes_nothing(t
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
       f"error: position variant 'wrong_bias' ({module}) fails on a trial batch, before any "
       "work: bias has shape (1, 3, 3, 5); it must broadcast to "
-      "[batch, heads, q_len, kv_len] = (2, 2, 3, 3)."], done.stderr[-3000:]
+      "[batch, heads, q_len, kv_len] = (2, 2, 3, 3)."
+  ], done.stderr[-3000:]
   assert not workdir.exists()
 
 
@@ -276,8 +276,8 @@ def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
   listed = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--list")
   assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, "
           "kerple") in listed.stdout
-  table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple",
-               "--task=tiny", "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
+  table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple", "--task=tiny",
+               "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
                "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
                "--parallel=2", f"--output_dir={tmp_path}")
   assert table.returncode == 0, table.stdout[-2000:] + table.stderr[-2000:]
@@ -320,8 +320,8 @@ def test_fire_bias_is_the_mlp_of_the_normalized_distance_and_direction():
   features = np.stack([x, x * right], -1)  # [q, k, 2]
   hidden = np.maximum(features @ bias.hidden.kernel[...] + bias.hidden.bias[...], 0)
   expected = hidden @ bias.out.kernel[...] + bias.out.bias[...]  # [q, k, heads]
-  np.testing.assert_allclose(bias(positions, positions)[0], np.moveaxis(expected, -1, 0),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      bias(positions, positions)[0], np.moveaxis(expected, -1, 0), rtol=1e-5, atol=1e-6)
 
 
 def test_fire_learns_c_and_the_threshold():
@@ -330,8 +330,10 @@ def test_fire_learns_c_and_the_threshold():
   batch = _random_batch(np.random.default_rng(2), 8, 16, config.task.vocab_size)
   losses, state = updates_on_one_batch(config, batch, 4)
   assert losses[-1] < losses[0]
-  leaves = {jax.tree_util.keystr(path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]}
+  leaves = {
+      jax.tree_util.keystr(path): leaf
+      for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]
+  }
   thresholds = [v for k, v in leaves.items() if k.endswith("['threshold']")]
   log_cs = [v for k, v in leaves.items() if k.endswith("['log_c']")]
   layers = config.model.num_encoder_layers + config.model.num_decoder_layers
@@ -362,8 +364,9 @@ def test_stochastic_variants_evaluate_as_absolute(variant):
 
   absolute, model = build("absolute"), build(variant)
   # The same parameters (the variant draws from the dropout stream, not the parameters') ...
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(absolute, nnx.Param)),
-                                                  jax.tree.leaves(nnx.state(model, nnx.Param))))
+  assert all(
+      np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(absolute, nnx.Param)),
+                                           jax.tree.leaves(nnx.state(model, nnx.Param))))
   # ... and at evaluation the same encodings: 0..n-1, no shift, no sampling.
   np.testing.assert_array_equal(model(INPUTS, INPUTS[:, :5]), absolute(INPUTS, INPUTS[:, :5]))
 
@@ -405,9 +408,8 @@ def test_randomized_draws_sorted_positions_below_l_per_segment_in_training():
 def test_randomized_evaluates_at_the_stride():
   model = _model(position="randomized", randomized_eval_stride=3)
   positions = jnp.arange(5)[None]
-  np.testing.assert_array_equal(
-      model.encoder.position_embedding(positions, deterministic=True),
-      positions_lib.sinusoidal_position_encoding(positions * 3, 16))
+  np.testing.assert_array_equal(model.encoder.position_embedding(positions, deterministic=True),
+                                positions_lib.sinusoidal_position_encoding(positions * 3, 16))
 
 
 @pytest.mark.parametrize("variant", ["shape", "randomized"])

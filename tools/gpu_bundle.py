@@ -28,11 +28,20 @@ from tools import gpu_job
 
 # Packages of requirements.txt, and what they need, that the host's image does not have.
 IMAGE_LACKS = (
-    "ml_collections", "grain", "tensorflow-datasets", "array_record", "tensorboardX",
+    "ml_collections",
+    "grain",
+    "tensorflow-datasets",
+    "array_record",
+    "tensorboardX",
     "importlib_resources",
     "portpicker",  # grain's
-    "dm-tree", "immutabledict", "promise", "simple_parsing", "tensorflow-metadata",  # tfds's
-    "termcolor", "toml",
+    "dm-tree",
+    "immutabledict",
+    "promise",
+    "simple_parsing",
+    "tensorflow-metadata",  # tfds's
+    "termcolor",
+    "toml",
     "docstring_parser",  # simple_parsing's
     "googleapis-common-protos",  # tensorflow-metadata's
 )
@@ -56,9 +65,11 @@ def download_wheels(directory: str) -> None:
     if name in SOURCE_ONLY:
       command = [*pip, "wheel", "-q", "--no-deps", "-w", directory, requirement]
     else:
-      command = [*pip, "download", "-q", "--no-deps", "--only-binary=:all:",
-                 "--python-version", PYTHON_VERSION, "--implementation", "cp",
-                 *(f"--platform={p}" for p in PLATFORMS), "-d", directory, requirement]
+      command = [
+          *pip, "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+          PYTHON_VERSION, "--implementation", "cp", *(f"--platform={p}" for p in PLATFORMS), "-d",
+          directory, requirement
+      ]
     subprocess.run(command, check=True)
 
 
@@ -74,8 +85,8 @@ def prepare_data(directory: str, multi30k_dir: str) -> None:
 
 def size_mib(path: str) -> float:
   """Bytes of the files under `path`, in MiB."""
-  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
-             for f in files) / 2 ** 20
+  return sum(
+      os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files) / 2**20
 
 
 def main(argv: Sequence[str]) -> None:

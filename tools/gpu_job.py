@@ -59,12 +59,12 @@ RESULTS_DIR = os.path.join(BUNDLE_DIR, "results")
 
 # What the host gives back from $OUT.
 MAX_FILES = 8
-MAX_FILE_BYTES = 16 * 2 ** 20
-MAX_TOTAL_BYTES = 64 * 2 ** 20
+MAX_FILE_BYTES = 16 * 2**20
+MAX_TOTAL_BYTES = 64 * 2**20
 MAX_DEPTH = 2  # folders below $OUT
 NAME = re.compile(r"[A-Za-z0-9._-]+")
-MAX_LOG_BYTES = 8 * 2 ** 20  # job.log keeps its head and its tail beyond this
-LOG_HEAD_BYTES = 2 ** 20
+MAX_LOG_BYTES = 8 * 2**20  # job.log keeps its head and its tail beyond this
+LOG_HEAD_BYTES = 2**20
 
 DEFAULT_BUDGET_S = 570.0  # the host's limit is 600 s a command
 STOP_GRACE_S = 60.0  # after SIGTERM: the step in flight, a checkpoint, the table's outputs
@@ -73,24 +73,26 @@ LOG_NAME, SUMMARY_NAME, ARCHIVE_NAME = "job.log", "job.json", "results.tar.gz"
 
 TASKS = ("synthetic", "multi30k", "multi30k_gpu")  # bases of configs/ablation.py
 TABLES = ("ablation", "k_sweep")
-JOB_NAMES = ("tests", "gpu_tests", "benchmarks") + tuple(f"{task}_{table}" for task in TASKS
-                                            for table in TABLES)
+JOB_NAMES = ("tests", "gpu_tests", "benchmarks") + tuple(
+    f"{task}_{table}" for task in TASKS for table in TABLES)
 VERSIONS_OF = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml_collections",
                "grain", "tensorflow-datasets", "array_record", "sentencepiece", "sacrebleu",
                "tensorboardX", "matplotlib", "pytest")
 
 # A table at tiny size: one row, two steps of a width-16 model, greedy decoding of 8 tokens.
-_DRY_RUN_SETTINGS = (
-    "model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32", "model.num_heads=2",
-    "model.num_encoder_layers=1", "model.num_decoder_layers=1", "train.num_steps=2",
-    "train.batch_size=8", "train.warmup_steps=1", "train.log_every_steps=1",
-    "train.eval_every_steps=2", "train.checkpoint_every_steps=2", "decode.beam_size=1",
-    "decode.max_decode_len=8", "decode.validation_bleu=False", "decode.length_diagnostics=False")
+_DRY_RUN_SETTINGS = ("model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
+                     "model.num_heads=2", "model.num_encoder_layers=1",
+                     "model.num_decoder_layers=1", "train.num_steps=2", "train.batch_size=8",
+                     "train.warmup_steps=1", "train.log_every_steps=1", "train.eval_every_steps=2",
+                     "train.checkpoint_every_steps=2", "decode.beam_size=1",
+                     "decode.max_decode_len=8", "decode.validation_bleu=False",
+                     "decode.length_diagnostics=False")
 _DRY_RUN_TASK_SETTINGS = {  # multi30k keeps its data and tokenizer (bundle/data)
-    "synthetic": ("task.vocab_size=64", "task.synthetic.num_train=200",
-                  "task.synthetic.num_validation=8", "task.synthetic.num_test=8",
-                  "task.synthetic.num_test_long=8"),
-    "multi30k": (), "multi30k_gpu": ()}
+    "synthetic":
+        ("task.vocab_size=64", "task.synthetic.num_train=200", "task.synthetic.num_validation=8",
+         "task.synthetic.num_test=8", "task.synthetic.num_test_long=8"), "multi30k": (),
+    "multi30k_gpu": ()
+}
 _DRY_RUN_ROW = {"ablation": "abs", "k_sweep": "k=2"}
 
 # Run in a child with the job's environment: fails if relpos cannot import; prints a JSON line.
@@ -144,14 +146,17 @@ def job_spec(name: str, results_root: str) -> Job:
   output_dir = os.path.join(results_root, name)
   if name == "benchmarks":
     args = ("-m", "benchmarks.run", f"--results_dir={output_dir}")
-    return Job(args, args + ("--quick", "--sections=decode"),
-               files=tuple(os.path.join(output_dir, f) for f in ("results.json", "results.md")),
-               starts_with={os.path.join(output_dir, "results.json"):
-                            os.path.join(ROOT, "benchmarks", "results.json")})
+    return Job(
+        args, args + ("--quick", "--sections=decode"),
+        files=tuple(os.path.join(output_dir, f) for f in ("results.json", "results.md")),
+        starts_with={
+            os.path.join(output_dir, "results.json"): os.path.join(ROOT, "benchmarks",
+                                                                   "results.json")
+        })
   if name not in JOB_NAMES:
     raise ValueError(f"unknown job {name!r}; allowed: {', '.join(JOB_NAMES)}.")
-  task, table = next((name[:-len(table) - 1], table) for table in TABLES
-                     if name.endswith(f"_{table}"))
+  task, table = next(
+      (name[:-len(table) - 1], table) for table in TABLES if name.endswith(f"_{table}"))
   args = ("-m", "relpos.experiments.run", f"--table={table}", f"--task={task}", "--seeds=1",
           f"--output_dir={output_dir}")
   dry_run = (f"--rows={_DRY_RUN_ROW[table]}",) + tuple(
@@ -163,7 +168,6 @@ def job_spec(name: str, results_root: str) -> Job:
 
 class Log:
   """Bytes written both to stdout and to a file, flushed as they come."""
-
   def __init__(self, path: str):
     self.path = path
     self._file = open(path, "wb")  # pylint: disable=consider-using-with
@@ -230,14 +234,16 @@ def install_wheels(wheels_dir: str, site: str, log: Log) -> str | None:
   """Installs every wheel of `wheels_dir` into `site`; returns `site`, or None (logging why)
   when there is none to install or pip fails: the import check that follows then tells whether
   the packages installed already suffice."""
-  wheels = sorted(f for f in os.listdir(wheels_dir) if f.endswith(".whl")) if os.path.isdir(
-      wheels_dir) else []
+  wheels = sorted(
+      f for f in os.listdir(wheels_dir) if f.endswith(".whl")) if os.path.isdir(wheels_dir) else []
   if not wheels:
     log.say(f"no wheels in {wheels_dir!r}: using the packages installed already.")
     return None
-  command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-             "--no-compile", "--no-cache-dir", "--upgrade", "--target", site,
-             *(os.path.join(wheels_dir, f) for f in wheels)]
+  command = [
+      sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+      "--no-cache-dir", "--upgrade", "--target", site,
+      *(os.path.join(wheels_dir, f) for f in wheels)
+  ]
   done = subprocess.run(command, capture_output=True, check=False)
   log.write(done.stdout + done.stderr)
   if done.returncode:
@@ -305,14 +311,13 @@ def table_files(table_dir: str) -> list[str]:
   skipped = {os.path.join(table_dir, "runs", n) for n in unfinished}
   files = []
   for dirpath, dirnames, filenames in os.walk(table_dir):
-    dirnames[:] = sorted(d for d in dirnames if d != "checkpoints"
-                         and os.path.join(dirpath, d) not in skipped)
+    dirnames[:] = sorted(
+        d for d in dirnames if d != "checkpoints" and os.path.join(dirpath, d) not in skipped)
     files += [os.path.join(dirpath, f) for f in sorted(filenames)]
   return files
 
 
-def write_archive(files: list[str], base: str, path: str,
-                  limit: int = MAX_FILE_BYTES) -> list[str]:
+def write_archive(files: list[str], base: str, path: str, limit: int = MAX_FILE_BYTES) -> list[str]:
   """Writes `files` (named relative to `base`) to the tar.gz `path`, leaving out the largest
   until it is at most `limit` bytes; returns those left out (relative names)."""
   kept, left_out = sorted(files, key=os.path.getsize), []
@@ -375,16 +380,17 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
     finished, unfinished = table_runs(job.table_dir)
     left_out = write_archive(table_files(job.table_dir), results_root,
                              os.path.join(out, ARCHIVE_NAME))
-    progress = {n: run_progress(os.path.join(job.table_dir, "runs", n, "run.log"))
-                for n in unfinished}
+    progress = {
+        n: run_progress(os.path.join(job.table_dir, "runs", n, "run.log")) for n in unfinished
+    }
     summary.update(finished_runs=finished, unfinished_runs=unfinished, left_out=left_out,
                    unfinished_progress=progress)
     for name, reached in progress.items():
       log.say(f"unfinished {name}: {reached or 'no training step logged'}")
-    log.say(f"{len(finished)} finished runs returned in {ARCHIVE_NAME}"
-            + (f"; left out for size: {', '.join(left_out)}" if left_out else "")
-            + (f"; unfinished (they start again from step 0 next time): {', '.join(unfinished)}"
-               if unfinished else "."))
+    log.say(f"{len(finished)} finished runs returned in {ARCHIVE_NAME}" +
+            (f"; left out for size: {', '.join(left_out)}" if left_out else "") +
+            (f"; unfinished (they start again from step 0 next time): {', '.join(unfinished)}"
+             if unfinished else "."))
   log.close()
   trim_log(log.path)
   summary_path = os.path.join(out, SUMMARY_NAME)
@@ -404,13 +410,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   parser = argparse.ArgumentParser(prog="tools/gpu_job.py", allow_abbrev=False,
                                    description=__doc__.split("\n\n")[0])
   parser.add_argument("job", choices=JOB_NAMES)
-  parser.add_argument("--budget_s", type=float, default=DEFAULT_BUDGET_S,
-                      help="seconds from start to the end of packing: the host's "
-                      "per-job time limit less a margin")
+  parser.add_argument(
+      "--budget_s", type=float, default=DEFAULT_BUDGET_S,
+      help="seconds from start to the end of packing: the host's "
+      "per-job time limit less a margin")
   parser.add_argument("--out", default=os.environ.get("OUT"), help="default: $OUT")
   parser.add_argument("--dry_run", action="store_true", help="the job at tiny size")
-  parser.add_argument("--wheels", default=WHEELS_DIR, help="folder of the wheels to install; "
-                      "'' for none (the packages installed already)")
+  parser.add_argument(
+      "--wheels", default=WHEELS_DIR, help="folder of the wheels to install; "
+      "'' for none (the packages installed already)")
   parser.add_argument("--site", default="/tmp/site", help="where the wheels are installed")
   parser.add_argument("--data_dir", default=DATA_DIR, help="the prepared datasets")
   parser.add_argument("--results_root", default=None, help=f"default: {RESULTS_DIR}, or a "
@@ -429,14 +437,15 @@ def main(argv: list[str]) -> int:
   start = time.monotonic()
   args, extra = parse_args(argv)
   temporary = args.dry_run and not args.results_root
-  results_root = tempfile.mkdtemp(prefix="gpu_job_") if temporary else (
-      args.results_root or RESULTS_DIR)
+  results_root = tempfile.mkdtemp(
+      prefix="gpu_job_") if temporary else (args.results_root or RESULTS_DIR)
   job = job_spec(args.job, results_root)
   os.makedirs(args.out, exist_ok=True)
   log = Log(os.path.join(args.out, LOG_NAME))
   summary: dict[str, Any] = {
       "job": args.job, "dry_run": args.dry_run, "budget_s": args.budget_s,
-      "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+      "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  }
   env = job_environment(install_wheels(args.wheels, args.site, log), args.data_dir)
   summary["versions"] = check_packages(env, log)
   status = 1
@@ -452,8 +461,7 @@ def main(argv: list[str]) -> int:
     summary["command"] = command
     status, summary["stopped_at_budget"] = run_until(
         command, {**env, **job.env}, start + args.budget_s - STOP_GRACE_S - PACK_RESERVE_S, log)
-    if job.table_dir and (status or summary["stopped_at_budget"]) and table_runs(
-        job.table_dir)[0]:
+    if job.table_dir and (status or summary["stopped_at_budget"]) and table_runs(job.table_dir)[0]:
       log.say("rebuilding results.json, table.md and the plots from the finished runs.")
       run_until([sys.executable, "-c", _REBUILD, job.table_dir], env,
                 time.monotonic() + PACK_RESERVE_S / 2, log, grace_s=1.0)

@@ -34,8 +34,7 @@ def parse_spec(spec: str) -> dict:
   words = shlex.split(spec)
   if not words:
     raise ValueError("a table marker names no source file.")
-  selection = {"path": words[0], "section": None, "rows": None, "columns": None,
-               "transpose": False}
+  selection = {"path": words[0], "section": None, "rows": None, "columns": None, "transpose": False}
   for word in words[1:]:
     key, equals, value = word.partition("=")
     if key == "transpose" and not equals:
@@ -59,8 +58,9 @@ def read_table(path: str, section: str | None) -> list[list[str]]:
     lines = f.read().splitlines()
   start = 0
   if section is not None:
-    headings = [i for i, line in enumerate(lines)
-                if (m := HEADING.match(line)) and m.group(1) == section]
+    headings = [
+        i for i, line in enumerate(lines) if (m := HEADING.match(line)) and m.group(1) == section
+    ]
     if not headings:
       raise ValueError(f"{path}: no heading {section!r}.")
     start = headings[0] + 1
@@ -109,6 +109,7 @@ def rebuild(text: str) -> str:
     selection = parse_spec(match.group("spec"))
     body = render(select(read_table(selection["path"], selection["section"]), selection))
     return f"<!-- table: {match.group('spec')} -->\n{body}<!-- /table -->"
+
   return BLOCK.sub(replace, text)
 
 
@@ -136,8 +137,9 @@ def main(argv: list[str]) -> int:
         with open(path, "w", encoding="utf-8") as f:
           f.write(new)
   if args.check and stale:
-    print(f"tables differ from their sources in {', '.join(stale)}; run "
-          "`python -m tools.readme_tables` to rebuild them.", file=sys.stderr)
+    print(
+        f"tables differ from their sources in {', '.join(stale)}; run "
+        "`python -m tools.readme_tables` to rebuild them.", file=sys.stderr)
     return 1
   return 0
 

@@ -42,8 +42,8 @@ class PairDataset:
 
 def data_dir(task_config: ml_collections.ConfigDict) -> str:
   """task.tfds_data_dir, else $RELPOS_DATA_DIR, else ~/tensorflow_datasets."""
-  return os.path.expanduser(task_config.tfds_data_dir or os.environ.get(
-      "RELPOS_DATA_DIR", "~/tensorflow_datasets"))
+  return os.path.expanduser(task_config.tfds_data_dir or
+                            os.environ.get("RELPOS_DATA_DIR", "~/tensorflow_datasets"))
 
 
 def pair_info(builder: tfds.core.DatasetBuilder, description: str,
@@ -56,18 +56,16 @@ def pair_info(builder: tfds.core.DatasetBuilder, description: str,
     **kwargs: more DatasetInfo arguments (homepage, metadata, ...).
   """
   return tfds.core.DatasetInfo(
-      builder=builder, description=description,
-      features=tfds.features.FeaturesDict({SOURCE_KEY: tfds.features.Text(),
-                                           TARGET_KEY: tfds.features.Text()}),
+      builder=builder, description=description, features=tfds.features.FeaturesDict(
+          {SOURCE_KEY: tfds.features.Text(), TARGET_KEY: tfds.features.Text()}),
       supervised_keys=(SOURCE_KEY, TARGET_KEY), disable_shuffling=True, **kwargs)
 
 
 class PairBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Base of the builders of sentence pairs: `_split_generators` returns, per split,
   `self._generate_examples(pairs)` for its (source, target) pairs."""
-
-  def _generate_examples(self, pairs: Sequence[tuple[str, str]]
-                         ) -> Iterator[tuple[int, dict[str, str]]]:
+  def _generate_examples(self, pairs: Sequence[tuple[str,
+                                                     str]]) -> Iterator[tuple[int, dict[str, str]]]:
     for i, (source, target) in enumerate(pairs):
       yield i, {SOURCE_KEY: source, TARGET_KEY: target}
 
@@ -150,5 +148,6 @@ def check_example(dataset: PairDataset, split: str, index: int,
   """
   for key in (dataset.source_key, dataset.target_key):
     if example.get(key) is None:
-      raise damaged(dataset.builder.data_dir, OSError(
-          f"example {index} of split {split!r} has no {key} text: a truncated shard"))
+      raise damaged(
+          dataset.builder.data_dir,
+          OSError(f"example {index} of split {split!r} has no {key} text: a truncated shard"))

@@ -24,8 +24,10 @@ from relpos.data import datasets
 LANGUAGES = ("en", "de", "fr", "cs")
 DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # Split name -> file stem; the first three are required, the others used when present.
-SPLIT_STEMS = {"train": "train", "validation": "val", "test_2016_flickr": "test_2016_flickr",
-               "test_2017_flickr": "test_2017_flickr", "test_2017_mscoco": "test_2017_mscoco"}
+SPLIT_STEMS = {
+    "train": "train", "validation": "val", "test_2016_flickr": "test_2016_flickr",
+    "test_2017_flickr": "test_2017_flickr", "test_2017_mscoco": "test_2017_mscoco"
+}
 REQUIRED_SPLITS = ("train", "validation", "test_2016_flickr")
 DOWNLOAD_TIMEOUT_S = 60
 
@@ -83,10 +85,11 @@ def read_split(directory: str, stem: str, source_lang: str,
 
 def available_splits(directory: str, source_lang: str, target_lang: str) -> list[str]:
   """The required splits plus the optional ones whose two files are in `directory`."""
-  return [split for split, stem in SPLIT_STEMS.items()
-          if split in REQUIRED_SPLITS or all(
-              os.path.exists(os.path.join(directory, f"{stem}.{lang}.gz"))
-              for lang in (source_lang, target_lang))]
+  return [
+      split for split, stem in SPLIT_STEMS.items() if split in REQUIRED_SPLITS or all(
+          os.path.exists(os.path.join(directory, f"{stem}.{lang}.gz"))
+          for lang in (source_lang, target_lang))
+  ]
 
 
 def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
@@ -127,7 +130,6 @@ def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
 
 class Multi30kConfig(tfds.core.BuilderConfig):
   """One language pair (the builder config's name, e.g. "en-de")."""
-
   def __init__(self, source_lang: str = "en", target_lang: str = "de"):
     check_languages(source_lang, target_lang)
     super().__init__(name=f"{source_lang}-{target_lang}",
@@ -151,10 +153,10 @@ class Multi30k(datasets.PairBuilder):
   def _split_generators(self, dl_manager):
     del dl_manager  # files come from raw_dir (see `download`)
     config = self.builder_config
-    splits = {split: read_split(self._raw_dir, SPLIT_STEMS[split], config.source_lang,
-                                config.target_lang)
-              for split in available_splits(self._raw_dir, config.source_lang,
-                                            config.target_lang)}
+    splits = {
+        split: read_split(self._raw_dir, SPLIT_STEMS[split], config.source_lang, config.target_lang)
+        for split in available_splits(self._raw_dir, config.source_lang, config.target_lang)
+    }
     return {split: self._generate_examples(pairs) for split, pairs in splits.items()}
 
 

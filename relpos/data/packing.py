@@ -29,7 +29,6 @@ class FirstFitPackedBatches(grain.IterDataset):
   "inputs_position", "targets_position" (0-based within each example, 0 on padding) and
   "inputs_segmentation", "targets_segmentation" (1, 2, ... per example of a row, 0 on padding).
   """
-
   def __init__(self, parent: grain.IterDataset, *, rows: int, length: int, seed: int):
     super().__init__(parent)
     self._rows, self._length, self._seed = rows, length, seed
@@ -45,7 +44,6 @@ class _PackingIterator(grain.DatasetIterator):
   Its state (grain's, for checkpoint compatibility): {"parent": the stream's state before the
   next batch's first example, "next_row": 0, "counter": rows emitted so far}.
   """
-
   def __init__(self, parent: grain.DatasetIterator, *, rows: int, length: int, seed: int):
     super().__init__(parent)
     self._rows, self._length, self._seed = rows, length, seed
@@ -102,8 +100,8 @@ class _PackingIterator(grain.DatasetIterator):
     """The batch whose row r holds the examples in_row[r], in order."""
     batch = {}
     for k in FEATURES:
-      tokens, position, segmentation = (np.zeros((len(in_row), self._length), np.int32)
-                                        for _ in range(3))
+      tokens, position, segmentation = (
+          np.zeros((len(in_row), self._length), np.int32) for _ in range(3))
       for row, examples in enumerate(in_row):
         sizes = [len(example[k]) for example in examples]
         end = sum(sizes)

@@ -31,8 +31,8 @@ from relpos.data import synthetic
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.data import wmt14
 
-BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position",
-              "inputs_segmentation", "targets_segmentation")
+BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
+              "targets_segmentation")
 FEATURES = packing.FEATURES
 # Unpacked batches are padded to a multiple of this length (few shapes to compile).
 LENGTH_MULTIPLE = 16
@@ -47,7 +47,8 @@ _NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 TRAIN_PREFETCH_BATCHES = 2
 
 _LOADERS: dict[str, Callable[[ml_collections.ConfigDict, str], datasets.PairDataset]] = {
-    "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load}
+    "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load
+}
 
 
 def _text(value: bytes | str) -> str:
@@ -64,7 +65,6 @@ class TokenizedPairs:
 
   A random-access source for grain: `pairs[i]` is {"inputs": [n] int32, "targets": [m] int32}.
   """
-
   def __init__(self, tokens: dict[str, np.ndarray], lengths: dict[str, np.ndarray]):
     """Args: tokens: feature -> every example's ids, concatenated [total] int32;
     lengths: feature -> each example's token count [num_examples]."""
@@ -75,8 +75,9 @@ class TokenizedPairs:
     return len(self._offsets["inputs"]) - 1
 
   def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-    return {k: self._tokens[k][self._offsets[k][index]:self._offsets[k][index + 1]]
-            for k in FEATURES}
+    return {
+        k: self._tokens[k][self._offsets[k][index]:self._offsets[k][index + 1]] for k in FEATURES
+    }
 
   def lengths(self, feature: str) -> np.ndarray:
     """Token counts [num_examples] of `feature` ("inputs" or "targets")."""
@@ -107,9 +108,10 @@ def _check_vocab_size(tokenizer: tokenizer_lib.Tokenizer, vocab_size: int) -> No
     raise ValueError(f"{tokenizer.path} holds {tokenizer.vocab_size} pieces, more than "
                      f"task.vocab_size={vocab_size}; delete it to train a new tokenizer.")
   if tokenizer.vocab_size < vocab_size:
-    logging.info("task.vocab_size=%d, but the tokenizer found %d pieces: ids %d-%d are never "
-                 "targets and are never decoded.", vocab_size, tokenizer.vocab_size,
-                 tokenizer.vocab_size, vocab_size - 1)
+    logging.info(
+        "task.vocab_size=%d, but the tokenizer found %d pieces: ids %d-%d are never "
+        "targets and are never decoded.", vocab_size, tokenizer.vocab_size, tokenizer.vocab_size,
+        vocab_size - 1)
 
 
 def _load(name: str, task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
@@ -127,7 +129,6 @@ def _load(name: str, task_config: ml_collections.ConfigDict, root: str) -> datas
 
 class Task:
   """A prepared translation task: its splits, texts, tokenizer and batch iterators."""
-
   def __init__(self, task_config: ml_collections.ConfigDict):
     """Prepares the TFDS dataset and the tokenizer of `task_config` (config.task).
 
@@ -149,13 +150,13 @@ class Task:
     self.splits = self._dataset.splits
     self._sources = datasets.check_readable(self._dataset)
     self.tokenizer = tokenizer_lib.load_or_train_tokenizer(
-        os.path.join(root, "relpos_tokenizers",
-                     f"{builder.name}-{builder.builder_config.name}-{builder.version}-"
-                     f"{task_config.spm_model_type}-{task_config.vocab_size}-"
-                     f"seed{task_config.spm_seed}.model"),
-        (text for pair in self._pairs("train") for text in pair),
-        vocab_size=task_config.vocab_size, model_type=task_config.spm_model_type,
-        seed=task_config.spm_seed)
+        os.path.join(
+            root, "relpos_tokenizers",
+            f"{builder.name}-{builder.builder_config.name}-{builder.version}-"
+            f"{task_config.spm_model_type}-{task_config.vocab_size}-"
+            f"seed{task_config.spm_seed}.model"),
+        (text for pair in self._pairs("train") for text in pair), vocab_size=task_config.vocab_size,
+        model_type=task_config.spm_model_type, seed=task_config.spm_seed)
     _check_vocab_size(self.tokenizer, task_config.vocab_size)
 
   def _check_split(self, split: str) -> None:
@@ -185,9 +186,9 @@ class Task:
     """The reference translations of a split, aligned with `source_texts`."""
     return [target for _, target in self._pairs(split)]
 
-  def _tokenize(self, split: str,
-                limit: Callable[[list[int], list[int]], tuple[list[int], list[int]] | None]
-                ) -> TokenizedPairs:
+  def _tokenize(
+      self, split: str, limit: Callable[[list[int], list[int]],
+                                        tuple[list[int], list[int]] | None]) -> TokenizedPairs:
     """The split tokenized; `limit(inputs, targets)` rewrites each pair or drops it (None)."""
     tokens, lengths = {k: [] for k in FEATURES}, {k: [] for k in FEATURES}
     for chunk in self._pair_chunks(split):
@@ -199,8 +200,8 @@ class Task:
           lengths[key].append(len(ids))
       for key in FEATURES:
         tokens[key].append(np.asarray(chunk_tokens[key], np.int32))
-    return TokenizedPairs({k: np.concatenate([np.zeros(0, np.int32)] + tokens[k])
-                           for k in FEATURES},
+    empty = np.zeros(0, np.int32)
+    return TokenizedPairs({k: np.concatenate([empty] + tokens[k]) for k in FEATURES},
                           {k: np.asarray(lengths[k], np.int64) for k in FEATURES})
 
   @functools.lru_cache(maxsize=None)
@@ -229,9 +230,10 @@ class Task:
 
     examples = self._tokenize("train", limit)
     stats = FilterStats(counts["all"], counts["overlong"], action)
-    logging.info("Task %s, train split: %d of %d examples have more than task.max_length=%d "
-                 "tokens on a side (overlong=%s).", self.name, stats.num_overlong,
-                 stats.num_examples, max_length, action)
+    logging.info(
+        "Task %s, train split: %d of %d examples have more than task.max_length=%d "
+        "tokens on a side (overlong=%s).", self.name, stats.num_overlong, stats.num_examples,
+        max_length, action)
     if not len(examples):
       raise ValueError(f"no training example of task {self.name!r} fits "
                        f"task.max_length={max_length}.")
@@ -267,18 +269,18 @@ class Task:
     if not 0 <= shard_index < shard_count:
       raise ValueError(f"shard_index={shard_index} is not in [0, {shard_count}).")
     examples, _ = self.train_examples()
-    seed = int(np.random.SeedSequence([seed, self.config.shuffle_buffer_seed]
-                                      ).generate_state(1)[0])
+    seed = int(np.random.SeedSequence([seed, self.config.shuffle_buffer_seed]).generate_state(1)[0])
     source = grain.MapDataset.source(examples)
     concat = self.config.get("concat_probability", 0.0)
     if self.config.packing:
       dataset = _packed_batches(source[shard_index::shard_count], batch_size // shard_count,
                                 self.config.max_length, seed, concat)
     else:
-      dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed,
-                                  shard_index, shard_count, concat)
-    return iter(grain.experimental.ThreadPrefetchIterDataset(
-        dataset, prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
+      dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed, shard_index,
+                                  shard_count, concat)
+    return iter(
+        grain.experimental.ThreadPrefetchIterDataset(dataset,
+                                                     prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
 
   def eval_batches(self, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """The whole split in stored order: nothing dropped or truncated, unpacked.
@@ -297,8 +299,8 @@ class Task:
       yield batch
 
 
-def shard_rows(batch: dict[str, np.ndarray], shard_index: int, shard_count: int
-               ) -> dict[str, np.ndarray]:
+def shard_rows(batch: dict[str, np.ndarray], shard_index: int,
+               shard_count: int) -> dict[str, np.ndarray]:
   """Host `shard_index`'s contiguous block of the rows of a global batch: the rows its devices
   hold in the global array, so that every process count assembles the same global batch (and
   each row keeps its dropout mask)."""
@@ -336,14 +338,13 @@ def _shuffled_stream(examples: grain.MapDataset, seed: int, concat_probability: 
   return stream
 
 
-def join_pair(first: dict[str, np.ndarray], second: dict[str, np.ndarray]
-              ) -> dict[str, np.ndarray]:
+def join_pair(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   """One training pair of two: each side the first's tokens without its final EOS, then the
   second's (int32 [n1 - 1 + n2])."""
   def without_eos(ids: np.ndarray) -> np.ndarray:
     return ids[:-1] if len(ids) and ids[-1] == tokenizer_lib.EOS_ID else ids
-  return {k: np.concatenate([without_eos(first[k]), second[k]]).astype(np.int32)
-          for k in FEATURES}
+
+  return {k: np.concatenate([without_eos(first[k]), second[k]]).astype(np.int32) for k in FEATURES}
 
 
 def concatenated(stream: grain.MapDataset, examples: grain.MapDataset, probability: float,
@@ -359,6 +360,7 @@ def concatenated(stream: grain.MapDataset, examples: grain.MapDataset, probabili
       return example
     joined = join_pair(example, examples[int(rng.integers(len(examples)))])
     return example if max(len(ids) for ids in joined.values()) > max_length else joined
+
   return stream.map_with_index(maybe_join)
 
 
@@ -384,11 +386,10 @@ def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: i
                       shard_index: int, shard_count: int,
                       concat_probability: float = 0.0) -> grain.IterDataset:
   """Length-bucketed global batches (the same on every host), this host's rows of each."""
-
   def sort_window(index: int, window: list[dict[str, np.ndarray]]) -> list[list]:
-    order = sorted(range(len(window)),
-                   key=lambda i: max(len(window[i][k]) for k in FEATURES))
-    batches = [[window[i] for i in order[start:start + batch_size]]
+    order = sorted(range(len(window)), key=lambda i: max(len(window[i][k]) for k in FEATURES))
+    batches = [[window[i]
+                for i in order[start:start + batch_size]]
                for start in range(0, len(order), batch_size)]
     permutation = np.random.default_rng([seed, index]).permutation(len(batches))
     return [batches[i] for i in permutation]
@@ -396,11 +397,11 @@ def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: i
   def host_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return shard_rows(_pad_rows(rows, batch_size, max_length), shard_index, shard_count)
 
-  windows = (_shuffled_stream(examples, seed, concat_probability, max_length)
-             .batch(BUCKET_WINDOW_BATCHES * batch_size, batch_fn=list)
-             .map_with_index(sort_window))
-  return grain.experimental.FlatMapIterDataset(
-      windows.to_iter_dataset(_NO_PREFETCH), _Flatten()).map(host_rows)
+  windows = (_shuffled_stream(examples, seed, concat_probability,
+                              max_length).batch(BUCKET_WINDOW_BATCHES * batch_size,
+                                                batch_fn=list).map_with_index(sort_window))
+  return grain.experimental.FlatMapIterDataset(windows.to_iter_dataset(_NO_PREFETCH),
+                                               _Flatten()).map(host_rows)
 
 
 @functools.lru_cache(maxsize=8)

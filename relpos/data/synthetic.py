@@ -184,8 +184,8 @@ def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
       continue
     pairs.append((source, target))
     only = clauses[0]
-    if (len(clauses) == 1 and only.obj is not None and only.obj.plural == only.subject.plural
-        and len(pairs) < num and rng.random() < swap_fraction):
+    if (len(clauses) == 1 and only.obj is not None and only.obj.plural == only.subject.plural and
+        len(pairs) < num and rng.random() < swap_fraction):
       pairs.append(_sentence([only.swapped()]))
   return pairs
 
@@ -247,7 +247,6 @@ class SyntheticParams:
 
 class SyntheticBuilderConfig(tfds.core.BuilderConfig):
   """Builder config carrying the generation parameters; its name is their hash."""
-
   def __init__(self, params: SyntheticParams):
     super().__init__(name=params.name(), description=json.dumps(dataclasses.asdict(params)))
     self.params = params
@@ -270,8 +269,9 @@ class SyntheticTranslation(datasets.PairBuilder):
     splits = self.builder_config.params.splits()
     fraction = permutation_fraction(splits["test"])
     self.info.metadata["test_permutation_fraction"] = fraction
-    logging.info("Synthetic test split: %.1f%% of its sources are word-order permutations of "
-                 "another test source with a different target.", 100 * fraction)
+    logging.info(
+        "Synthetic test split: %.1f%% of its sources are word-order permutations of "
+        "another test source with a different target.", 100 * fraction)
     return {name: self._generate_examples(pairs) for name, pairs in splits.items()}
 
 

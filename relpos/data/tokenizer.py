@@ -24,7 +24,6 @@ MAX_TRAINING_SENTENCES = 2_000_000
 
 class Tokenizer:
   """A SentencePiece model with relpos's id conventions."""
-
   def __init__(self, model_proto: bytes, path: str = ""):
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
     self.path = path
@@ -75,11 +74,11 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
   if not sentences:
     raise ValueError("cannot train a tokenizer on no sentences.")
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-      model_type=model_type, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-      hard_vocab_limit=False, character_coverage=1.0, num_threads=1, minloglevel=2,
-      input_sentence_size=0, shuffle_input_sentence=False)
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
+                                 vocab_size=vocab_size, model_type=model_type, pad_id=PAD_ID,
+                                 eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, hard_vocab_limit=False,
+                                 character_coverage=1.0, num_threads=1, minloglevel=2,
+                                 input_sentence_size=0, shuffle_input_sentence=False)
   return Tokenizer(model.getvalue())
 
 
@@ -109,8 +108,7 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
   warning, and the tokenizer trained again.
   """
   if not os.path.exists(path):
-    tokenizer = train_tokenizer(sentences, vocab_size=vocab_size, model_type=model_type,
-                                seed=seed)
+    tokenizer = train_tokenizer(sentences, vocab_size=vocab_size, model_type=model_type, seed=seed)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -123,9 +121,9 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
   except RuntimeError as e:  # SentencePiece cannot parse the file
     aside = f"{path}.damaged"
     os.replace(path, aside)
-    logging.warning("%s is not a SentencePiece model (%s): moved to %s; training the tokenizer "
-                    "again (the same seeded training gives the same tokenizer).", path,
-                    str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
-                    aside)
-    return load_or_train_tokenizer(path, sentences, vocab_size=vocab_size,
-                                   model_type=model_type, seed=seed)
+    logging.warning(
+        "%s is not a SentencePiece model (%s): moved to %s; training the tokenizer "
+        "again (the same seeded training gives the same tokenizer).", path,
+        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, aside)
+    return load_or_train_tokenizer(path, sentences, vocab_size=vocab_size, model_type=model_type,
+                                   seed=seed)

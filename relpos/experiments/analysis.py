@@ -62,8 +62,8 @@ def _mean_by_offset(weights: np.ndarray, valid: np.ndarray) -> list[float | None
   return means
 
 
-def _encoder_attention(model: model_lib.Transformer, inputs: np.ndarray
-                       ) -> Iterator[tuple[Any, jnp.ndarray, np.ndarray]]:
+def _encoder_attention(model: model_lib.Transformer,
+                       inputs: np.ndarray) -> Iterator[tuple[Any, jnp.ndarray, np.ndarray]]:
   """Runs the encoder on `inputs` [batch, n] (PAD_ID padded) one layer at a time.
 
   Yields:
@@ -96,9 +96,10 @@ def position_statistics(model: model_lib.Transformer, inputs: np.ndarray) -> dic
      (the module docstring)}.
   """
   valid = inputs != tokenizer_lib.PAD_ID
-  stats: dict[str, Any] = {"offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
-                           "attention_by_offset": [],
-                           "longest_distance": int(valid.sum(axis=1).max()) - 1}
+  stats: dict[str, Any] = {
+      "offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)), "attention_by_offset": [],
+      "longest_distance": int(valid.sum(axis=1).max()) - 1
+  }
   for attention, sublayer_input, weights in _encoder_attention(model, inputs):
     stats["attention_by_offset"].append(_mean_by_offset(weights, valid))
     if attention.position is not None:
@@ -149,16 +150,15 @@ def attention_profile(model: model_lib.Transformer, inputs: np.ndarray) -> dict[
   lengths = valid.sum(1)  # [batch]
   # log of each sentence's length, 1 for one-token sentences (their entropy is 0)
   log_length = np.log(np.maximum(lengths, 2))[:, None]  # [batch, 1]
-  profile: dict[str, Any] = {"entropy_by_query": [], "normalized_entropy": [],
-                             "attention_by_offset": [],
-                             "offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)),
-                             "mean_length": float(lengths.mean())}
+  profile: dict[str, Any] = {
+      "entropy_by_query": [], "normalized_entropy": [], "attention_by_offset": [],
+      "offsets": list(range(-MAX_OFFSET, MAX_OFFSET + 1)), "mean_length": float(lengths.mean())
+  }
   for _, _, weights in _encoder_attention(model, inputs):
     by_query, _ = attention_entropy(weights, valid)
     entropy = _entropy(weights)  # [batch, n]
     profile["entropy_by_query"].append([None if np.isnan(e) else float(e) for e in by_query])
-    profile["normalized_entropy"].append(
-        float((entropy / log_length * valid).sum() / valid.sum()))
+    profile["normalized_entropy"].append(float((entropy / log_length * valid).sum() / valid.sum()))
     profile["attention_by_offset"].append(_mean_by_offset(weights, valid))
   profile["count_by_query"] = valid.sum(0).tolist()
   return profile
@@ -183,15 +183,15 @@ def reach(runs: Sequence[dict]) -> tuple[int, str]:
   stats = [run["position_statistics"] for run in runs]
   if all("longest_distance" in s for s in stats):
     return max(s["longest_distance"] for s in stats), "the longest analysed sentence"
-  return (max(run["config"]["task"]["max_length"] for run in runs) - 1,
-          "task.max_length - 1")
+  return (max(run["config"]["task"]["max_length"] for run in runs) - 1, "task.max_length - 1")
 
 
 def _attention_curve(run: dict, layer: int) -> tuple[list[int], list[float]]:
   """(offsets, mean attention weights) of an encoder layer where some pair exists."""
   stats = run["position_statistics"]
-  points = [(x, y) for x, y in zip(stats["offsets"], stats["attention_by_offset"][layer])
-            if y is not None]
+  points = [
+      (x, y) for x, y in zip(stats["offsets"], stats["attention_by_offset"][layer]) if y is not None
+  ]
   return [x for x, _ in points], [y for _, y in points]
 
 
@@ -226,16 +226,18 @@ def _t5_bias_figure(row: str, run: dict, path: str) -> str:
   bias = np.asarray(run["position_statistics"]["t5_bias"])  # [buckets, heads]
   distance, source = reach([run])
   distances = np.arange(-distance, distance + 1)
-  buckets = np.asarray(positions_lib.t5_relative_position_bucket(
-      distances, bidirectional=True, num_buckets=config["t5_num_buckets"],
-      max_distance=config["t5_max_distance"]))
+  buckets = np.asarray(
+      positions_lib.t5_relative_position_bucket(distances, bidirectional=True,
+                                                num_buckets=config["t5_num_buckets"],
+                                                max_distance=config["t5_max_distance"]))
   fig, ax = plt.subplots(figsize=(6.5, 3.8))
   for head in range(bias.shape[1]):
     ax.plot(distances, bias[buckets, head], drawstyle="steps-mid", label=f"head {head}")
   ax.set_xlabel("distance j - i (key minus query)")
   ax.set_ylabel("bias")
-  ax.set_title(f"T5 bias of the encoder ({row}) by distance, up to {distance} ({source})\n"
-               f"{plots.describe([run])}", fontsize=9)
+  ax.set_title(
+      f"T5 bias of the encoder ({row}) by distance, up to {distance} ({source})\n"
+      f"{plots.describe([run])}", fontsize=9)
   ax.legend(fontsize=7)
   return plots.save(fig, path)
 
@@ -250,17 +252,18 @@ def plot_learned_positions(results_path: str, output_dir: str) -> list[str]:
   made = []
   attention = _first_with(runs, "attention_by_offset")
   if attention:
-    made.append(_per_layer_figure(
-        attention, "attention_by_offset", _attention_curve,
-        "Mean attention weight by offset (encoder self-attention)", "weight",
-        os.path.join(output_dir, "attention_by_offset.png")))
+    made.append(
+        _per_layer_figure(attention, "attention_by_offset", _attention_curve,
+                          "Mean attention weight by offset (encoder self-attention)", "weight",
+                          os.path.join(output_dir, "attention_by_offset.png")))
   qak = _first_with(runs, "qak_by_offset")
   if qak:
     distance, source = reach(list(qak.values()))
-    made.append(_per_layer_figure(
-        qak, "qak_by_offset", lambda run, layer: _qak_curve(run, layer, distance),
-        f"Mean logit q·a^K / sqrt(d) that a^K adds at each offset (clipped at k), up to "
-        f"{distance} ({source})", "logit", os.path.join(output_dir, "qak_by_offset.png")))
+    made.append(
+        _per_layer_figure(
+            qak, "qak_by_offset", lambda run, layer: _qak_curve(run, layer, distance),
+            f"Mean logit q·a^K / sqrt(d) that a^K adds at each offset (clipped at k), up to "
+            f"{distance} ({source})", "logit", os.path.join(output_dir, "qak_by_offset.png")))
   t5 = _first_with(runs, "t5_bias")
   if t5:
     row, run = next(iter(t5.items()))

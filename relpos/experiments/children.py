@@ -79,8 +79,9 @@ def _stop(running: dict[subprocess.Popen, Any], signals: preemption.Preemption) 
   one more SIGINT or SIGTERM meanwhile kills them."""
   if not running:
     return
-  print(f"relpos: stopping {', '.join(run.name for run in running.values())}; rerun the same "
-        "command to resume.", flush=True)
+  print(
+      f"relpos: stopping {', '.join(run.name for run in running.values())}; rerun the same "
+      "command to resume.", flush=True)
   received = signals.count
   for process in running:
     process.terminate()

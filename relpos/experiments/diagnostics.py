@@ -59,19 +59,25 @@ def source_length_bins(sources: Sequence[str]) -> dict[str, list[int]]:
 def bleu_by_source_length(sources: Sequence[str], hypotheses: Sequence[str],
                           references: Sequence[str]) -> dict[str, float]:
   """Corpus sacreBLEU per source-length bucket (`source_length_bins`)."""
-  return {label: sacrebleu.corpus_bleu([hypotheses[i] for i in picked],
-                                       [[references[i] for i in picked]]).score
-          for label, picked in source_length_bins(sources).items()}
+  return {
+      label: sacrebleu.corpus_bleu(
+          [hypotheses[i]
+           for i in picked],
+          [[references[i]
+            for i in picked]]).score for label, picked in source_length_bins(sources).items()
+  }
 
 
-def _length_summary(hypothesis_lengths: np.ndarray, reference_lengths: np.ndarray
-                    ) -> dict[str, float]:
+def _length_summary(hypothesis_lengths: np.ndarray,
+                    reference_lengths: np.ndarray) -> dict[str, float]:
   """Corpus length ratio (sum of hypothesis over sum of reference lengths) and the shares of
   hypotheses shorter and longer than their reference."""
-  return {"ratio": float(hypothesis_lengths.sum() / max(reference_lengths.sum(), 1)),
-          "shorter": float(np.mean(hypothesis_lengths < reference_lengths)),
-          "longer": float(np.mean(hypothesis_lengths > reference_lengths)),
-          "num_sentences": int(len(hypothesis_lengths))}
+  return {
+      "ratio": float(hypothesis_lengths.sum() / max(reference_lengths.sum(), 1)),
+      "shorter": float(np.mean(hypothesis_lengths < reference_lengths)),
+      "longer": float(np.mean(hypothesis_lengths > reference_lengths)),
+      "num_sentences": int(len(hypothesis_lengths))
+  }
 
 
 def token_lengths(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str]) -> np.ndarray:
@@ -87,16 +93,18 @@ def length_statistics(tokenizer: tokenizer_lib.Tokenizer, sources: Sequence[str]
     {"unit": LENGTH_UNIT, "ratio", "shorter", "longer", "num_sentences",
      "by_source_length": {bucket: {"ratio", "shorter", "longer", "num_sentences"}}}.
   """
-  hypothesis, reference = token_lengths(tokenizer, hypotheses), token_lengths(tokenizer,
-                                                                              references)
-  return {"unit": LENGTH_UNIT, **_length_summary(hypothesis, reference),
-          "by_source_length": {label: _length_summary(hypothesis[picked], reference[picked])
-                               for label, picked in source_length_bins(sources).items()}}
+  hypothesis, reference = token_lengths(tokenizer, hypotheses), token_lengths(tokenizer, references)
+  return {
+      "unit": LENGTH_UNIT, **_length_summary(hypothesis, reference), "by_source_length": {
+          label: _length_summary(hypothesis[picked], reference[picked])
+          for label, picked in source_length_bins(sources).items()
+      }
+  }
 
 
 def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
-                         config: ml_collections.ConfigDict, *, mesh: jax.sharding.Mesh
-                         ) -> dict[str, Any]:
+                         config: ml_collections.ConfigDict, *,
+                         mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """Scores of a split translated at the references' lengths (oracle-length decoding).
 
   Each output is made exactly as long as its reference in target tokens (eos included; at
@@ -107,15 +115,15 @@ def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
     (of the outputs re-encoded from their text: about 1, a check of the constraint).
   """
   sources, references = task.source_texts(split), task.target_texts(split)
-  lengths = [min(len(ids), config.model.max_len)
-             for ids in task.tokenizer.encode_batch(references)]
+  lengths = [min(len(ids), config.model.max_len) for ids in task.tokenizer.encode_batch(references)]
   translations = evaluate.translate_texts(model, task.tokenizer, sources, config, mesh=mesh,
                                           lengths=lengths)
-  ratio = (token_lengths(task.tokenizer, translations).sum()
-           / max(token_lengths(task.tokenizer, references).sum(), 1))
-  return {**evaluate.score(translations, references),
-          "bleu_by_source_length": bleu_by_source_length(sources, translations, references),
-          "length_ratio": float(ratio)}
+  ratio = (token_lengths(task.tokenizer, translations).sum() /
+           max(token_lengths(task.tokenizer, references).sum(), 1))
+  return {
+      **evaluate.score(translations, references), "bleu_by_source_length": bleu_by_source_length(
+          sources, translations, references), "length_ratio": float(ratio)
+  }
 
 
 @nnx.jit
@@ -155,6 +163,8 @@ def token_accuracy_by_position(model: nnx.Module, task: pipeline.Task, split: st
     eos_count += int(is_eos.sum())
     all_correct += int(right.sum())
     all_count += int(real.sum())
-  return {"accuracy": [float(c / n) if n else None for c, n in zip(correct, count)],
-          "count": count.tolist(), "eos_accuracy": eos_correct / max(eos_count, 1),
-          "accuracy_all": all_correct / max(all_count, 1)}
+  return {
+      "accuracy": [float(c / n) if n else None for c, n in zip(correct, count)],
+      "count": count.tolist(), "eos_accuracy": eos_correct / max(eos_count, 1),
+      "accuracy_all": all_correct / max(all_count, 1)
+  }

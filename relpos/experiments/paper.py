@@ -17,7 +17,13 @@ ABLATION_FIGURES: dict[str, tuple[float, str]] = {
 
 # Clipping distance k -> paper BLEU (Table 2).
 K_SWEEP_FIGURES: dict[int, float] = {
-    0: 12.5, 1: 25.5, 2: 25.8, 4: 25.9, 16: 25.8, 64: 25.9, 256: 25.8,
+    0: 12.5,
+    1: 25.5,
+    2: 25.8,
+    4: 25.9,
+    16: 25.8,
+    64: 25.9,
+    256: 25.8,
 }
 
 # The paper's relative drop in steps per second against the absolute baseline.

@@ -53,15 +53,18 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
   fig, ax = plt.subplots(figsize=(6, 4))
   held_out = [s for s in verdicts.splits_in_order(sweep) if s != "validation"]
   for split, style in zip(held_out, ("o-", "s--", "^-.")):
-    points = [(k, [r["scores"][split]["bleu"] for r in sweep
-                   if r["k"] == k and split in r["scores"]]) for k in ks]
+    points = [(k,
+               [r["scores"][split]["bleu"]
+                for r in sweep
+                if r["k"] == k and split in r["scores"]])
+              for k in ks]
     points = [(k, v) for k, v in points if v]
     if points:
       stats = [verdicts.mean_std(v) for _, v in points]
       ax.errorbar([k for k, _ in points], [m for m, _ in stats], yerr=[s for _, s in stats],
                   fmt=style, capsize=3, label=f"relpos, {split}")
-  ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:",
-          marker="x", label="paper (WMT14 dev)")
+  ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:", marker="x",
+          label="paper (WMT14 dev)")
   ax.set_xscale("symlog", linthresh=1)
   grid = sorted(set(tables.K_GRID) | set(ks))
   ax.set_xticks(grid)
@@ -116,8 +119,11 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
   for row in rows:
     points = []
     for x, (split, bucket) in enumerate(buckets):
-      values = [r["bleu_by_source_length"][split][bucket] for r in ablation_runs
-                if r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})]
+      values = [
+          r["bleu_by_source_length"][split][bucket]
+          for r in ablation_runs
+          if r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})
+      ]
       if values:
         points.append((x, *verdicts.mean_std(values)))
     curves[row] = tuple(np.array(column) for column in zip(*points))
@@ -136,8 +142,9 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
   _label_panels(axes, "source length (words)", "BLEU")
   longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
   others = "; other rows in grey" if len(rows) > 1 else ""
-  fig.suptitle(f"BLEU by source length, mean ± std over seeds{longer}\n"
-               f"{describe(ablation_runs)}{others}", fontsize=9)
+  fig.suptitle(
+      f"BLEU by source length, mean ± std over seeds{longer}\n"
+      f"{describe(ablation_runs)}{others}", fontsize=9)
   return save(fig, path)
 
 
@@ -159,21 +166,22 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
         for step, bleu in run["validation_curve"]:
           by_step[step].append(bleu)
     steps = sorted(by_step)
-    means, stds = (np.array(column) for column in zip(*(verdicts.mean_std(by_step[s])
-                                                        for s in steps)))
+    means, stds = (
+        np.array(column) for column in zip(*(verdicts.mean_std(by_step[s]) for s in steps)))
     color = f"C{index % 10}"
     ax.plot(steps, means, marker=".", color=color, label=row)
     ax.fill_between(steps, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
   ax.set_xlabel("training step")
   ax.set_ylabel("validation BLEU")
-  ax.set_title(f"Validation BLEU during training (mean, band ± std over seeds)\n"
-               f"{describe(curved)}", fontsize=9)
+  ax.set_title(
+      f"Validation BLEU during training (mean, band ± std over seeds)\n"
+      f"{describe(curved)}", fontsize=9)
   ax.legend(fontsize=7, ncol=2)
   return save(fig, path)
 
 
-def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]], value
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]],
+                   value) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(x, means, stds) over seeds of value(run, split, bucket) (None: missing) per bucket."""
   points = []
   for x, (split, bucket) in enumerate(buckets):
@@ -208,8 +216,7 @@ def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], l
 def _bucket_axis(ax, buckets: list[tuple[str, str]]) -> None:
   """Bucket labels on the x axis, a dotted line where the longer-than-training split begins."""
   if any(s == "test_long" for s, _ in buckets):
-    ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey",
-               linestyle=":")
+    ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey", linestyle=":")
   ax.set_xticks(range(len(buckets)))
   ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
 
@@ -227,17 +234,18 @@ def plot_length_oracle(runs: list[dict], path: str) -> str | None:
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
   for ax, row in zip(axes, rows):
     row_runs = [r for r in table if r["row"] == row]
-    ax.errorbar(*_bucket_points(row_runs, buckets, _plain_bleu), fmt="o-", color="C0",
-                capsize=3, markersize=4, label="beam search")
-    ax.errorbar(*_bucket_points(row_runs, buckets, _oracle_bleu), fmt="s--", color="C3",
-                capsize=3, markersize=4, label="oracle length")
+    ax.errorbar(*_bucket_points(row_runs, buckets, _plain_bleu), fmt="o-", color="C0", capsize=3,
+                markersize=4, label="beam search")
+    ax.errorbar(*_bucket_points(row_runs, buckets, _oracle_bleu), fmt="s--", color="C3", capsize=3,
+                markersize=4, label="oracle length")
     ax.set_title(row, fontsize=9)
     _bucket_axis(ax, buckets)
   axes[0].legend(fontsize=7)
   _label_panels(axes, "source length (words)", "BLEU")
-  fig.suptitle("BLEU by source length, and with eos forced at the reference's length (oracle "
-               "length)\nright of the dotted line: longer than training; "
-               f"{describe(table)}", fontsize=9)
+  fig.suptitle(
+      "BLEU by source length, and with eos forced at the reference's length (oracle "
+      "length)\nright of the dotted line: longer than training; "
+      f"{describe(table)}", fontsize=9)
   return save(fig, path)
 
 
@@ -253,16 +261,17 @@ def plot_length_ratio(runs: list[dict], path: str) -> str | None:
     return None
   fig, ax = plt.subplots(figsize=(7.5, 4.2))
   for index, row in enumerate(rows):
-    x, means, stds = _bucket_points([r for r in table if r["row"] == row], buckets,
-                                    _length_ratio)
-    ax.errorbar(np.asarray(x) + 0.03 * (index - len(rows) / 2), means, yerr=stds, fmt=".-",
-                capsize=2, color=f"C{index % 10}", label=row)
+    x, means, stds = _bucket_points([r for r in table if r["row"] == row], buckets, _length_ratio)
+    ax.errorbar(
+        np.asarray(x) + 0.03 * (index - len(rows) / 2), means, yerr=stds, fmt=".-", capsize=2,
+        color=f"C{index % 10}", label=row)
   ax.axhline(1.0, color="black", linewidth=0.8)
   _bucket_axis(ax, buckets)
   ax.set_xlabel("source length (words)")
   ax.set_ylabel("hypothesis / reference length")
-  ax.set_title("Hypothesis / reference length in target tokens (below 1: too short)\n"
-               f"right of the dotted line: longer than training; {describe(table)}", fontsize=9)
+  ax.set_title(
+      "Hypothesis / reference length in target tokens (below 1: too short)\n"
+      f"right of the dotted line: longer than training; {describe(table)}", fontsize=9)
   ax.legend(fontsize=7, ncol=3)
   return save(fig, path)
 
@@ -292,8 +301,9 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   table = [r for r in runs if r["table"] == "length" and "token_accuracy_by_position" in r]
   if not table:
     return None
-  splits = [s for s in verdicts.splits_in_order(table)
-            if s in table[0]["token_accuracy_by_position"]]
+  splits = [
+      s for s in verdicts.splits_in_order(table) if s in table[0]["token_accuracy_by_position"]
+  ]
   rows = verdicts.rows_in_order(table, "length")
   fig, axes = plt.subplots(1, len(splits), figsize=(5.5 * len(splits), 4), sharey=True,
                            squeeze=False)
@@ -302,8 +312,11 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   for ax, split in zip(axes[0], splits):
     for index, row in enumerate(rows):
       stats = [r["token_accuracy_by_position"][split] for r in table if r["row"] == row]
-      curves = [[100 * a if c >= MIN_TOKENS_PER_POSITION else None
-                 for a, c in zip(s["accuracy"], s["count"])] for s in stats]
+      curves = [[
+          100 * a if c >= MIN_TOKENS_PER_POSITION else None
+          for a, c in zip(s["accuracy"], s["count"])
+      ]
+                for s in stats]
       ax.plot(*_mean_curve(curves), ".-", markersize=3, color=f"C{index % 10}", label=row)
     if reach is not None and split != "test":
       ax.axvline(reach + 0.5, color="grey", linestyle=":")
@@ -311,9 +324,10 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
     ax.set_xlabel("target position (tokens, from 0)")
   axes[0][0].set_ylabel("token accuracy (%), teacher-forced")
   axes[0][0].legend(fontsize=7, ncol=2)
-  fig.suptitle("Teacher-forced next-token accuracy by target position (positions that at "
-               f"least {MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: longer "
-               f"than any test target)\n{describe(table)}", fontsize=9)
+  fig.suptitle(
+      "Teacher-forced next-token accuracy by target position (positions that at "
+      f"least {MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: longer "
+      f"than any test target)\n{describe(table)}", fontsize=9)
   return save(fig, path)
 
 
@@ -336,27 +350,31 @@ def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
       profile = run["attention_profile"][split]
       for layer, entropy in enumerate(profile["entropy_by_query"]):
         counts = profile["count_by_query"]
-        ax.plot(*_mean_curve([[e if c >= MIN_TOKENS_PER_POSITION else None
-                               for e, c in zip(entropy, counts)]]),
-                style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
+        ax.plot(
+            *_mean_curve(
+                [[e if c >= MIN_TOKENS_PER_POSITION else None for e, c in zip(entropy, counts)]]),
+            style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
     ax.set_title(row, fontsize=9)
   axes[0].legend(fontsize=6)
   _label_panels(axes, "query position (source tokens)", "attention entropy (nats)")
-  fig.suptitle("Encoder self-attention entropy by query position, test (solid) and test_long "
-               "(dashed) sources\nmean over heads and sentences, positions at least "
-               f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n\n"
-               f"{describe(table)}", fontsize=9)
+  fig.suptitle(
+      "Encoder self-attention entropy by query position, test (solid) and test_long "
+      "(dashed) sources\nmean over heads and sentences, positions at least "
+      f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n\n"
+      f"{describe(table)}", fontsize=9)
   return save(fig, path)
 
 
 def plot_results(results_path: str, output_dir: str) -> list[str]:
   """Writes every plot that `results.json` supports; returns their paths."""
   runs = report.load_runs(results_path)
-  made = [plot_bleu_vs_k(runs, os.path.join(output_dir, "bleu_vs_k.png")),
-          plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png")),
-          plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png")),
-          plot_length_oracle(runs, os.path.join(output_dir, "length_oracle.png")),
-          plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png")),
-          plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png")),
-          plot_attention_entropy(runs, os.path.join(output_dir, "attention_entropy.png"))]
+  made = [
+      plot_bleu_vs_k(runs, os.path.join(output_dir, "bleu_vs_k.png")),
+      plot_bleu_vs_length(runs, os.path.join(output_dir, "bleu_vs_length.png")),
+      plot_bleu_vs_step(runs, os.path.join(output_dir, "bleu_vs_step.png")),
+      plot_length_oracle(runs, os.path.join(output_dir, "length_oracle.png")),
+      plot_length_ratio(runs, os.path.join(output_dir, "length_ratio.png")),
+      plot_token_accuracy(runs, os.path.join(output_dir, "token_accuracy.png")),
+      plot_attention_entropy(runs, os.path.join(output_dir, "attention_entropy.png"))
+  ]
   return [p for p in made if p]

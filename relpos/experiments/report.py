@@ -89,21 +89,21 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     return []
   table_runs = [r for r in runs if r["table"] == table]
   if table == "length":
-    return (["## length", "", *_length_table_lines(table_runs, rows), *_time_lines(table_runs),
-             *_diagnostics_lines(runs, table, rows)])
+    return ([
+        "## length", "", *_length_table_lines(table_runs, rows), *_time_lines(table_runs),
+        *_diagnostics_lines(runs, table, rows)
+    ])
   splits = verdicts.splits_in_order(table_runs)
   test_split = verdicts.main_test_split(table_runs)
   # Lower-cased BLEU and chrF only where every run has them (older runs lack the first).
-  beside = [(name, label) for name, label in (("bleu_lowercase", "BLEU (lower-cased)"),
-                                              ("chrf", "chrF"))
+  beside = [(name, label)
+            for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"))
             if all(name in r["scores"].get(test_split, {}) for r in table_runs)]
   others = other_checkpoints(table_runs)
-  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits]
-            + [f"{test_split} {label}" for _, label in beside]
-            + [f"{test_split} BLEU ({choice})" for choice in others]
-            + ["paper", "params", "steps/s"])
-  lines = [f"## {table}", "", "| " + " | ".join(header) + " |",
-           "|" + " --- |" * len(header)]
+  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] +
+            [f"{test_split} {label}" for _, label in beside] +
+            [f"{test_split} BLEU ({choice})" for choice in others] + ["paper", "params", "steps/s"])
+  lines = [f"## {table}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
   for row in rows:
     if table == "k_sweep":
       k = int(row.split("=")[1])
@@ -115,17 +115,27 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     seeds = len(verdicts.field_values(runs, table, row, "seed"))
     params = verdicts.field_values(runs, table, row, "num_params")
     speed = verdicts.field_values(runs, table, row, "steps_per_second")
-    cells = [row, str(seeds)] + [verdicts.format_mean_std(verdicts.bleu_values(runs, table, row, s))
-                                 for s in splits]
+    cells = [row, str(seeds)] + [
+        verdicts.format_mean_std(verdicts.bleu_values(runs, table, row, s)) for s in splits
+    ]
     row_runs = [r for r in table_runs if r["row"] == row]
-    cells += [verdicts.format_mean_std([r["scores"][test_split][name] for r in row_runs])
-              for name, _ in beside]
-    cells += [verdicts.format_mean_std([r["other_checkpoints"][choice][test_split]["bleu"]
-                                        for r in row_runs
-                                        if choice in r.get("other_checkpoints", {})])
-              for choice in others]
-    cells += [paper_cell, f"{params[0]:,}" if params else "–",
-              f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"]
+    cells += [
+        verdicts.format_mean_std([r["scores"][test_split][name]
+                                  for r in row_runs])
+        for name, _ in beside
+    ]
+    cells += [
+        verdicts.format_mean_std([
+            r["other_checkpoints"][choice][test_split]["bleu"]
+            for r in row_runs
+            if choice in r.get("other_checkpoints", {})
+        ])
+        for choice in others
+    ]
+    cells += [
+        paper_cell, f"{params[0]:,}" if params else "–",
+        f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"
+    ]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", *_time_lines(table_runs)]
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
@@ -133,15 +143,18 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     buckets = length_buckets(table_runs, split)
     if not buckets or with_oracle:
       continue
-    lines += [f"BLEU by source length (words), {split}:", "",
-              "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
-              "|" + " --- |" * (len(buckets) + 1)]
+    lines += [
+        f"BLEU by source length (words), {split}:", "",
+        "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
+        "|" + " --- |" * (len(buckets) + 1)
+    ]
     for row in rows:
       cells = []
       for bucket in buckets:
-        values = [r["bleu_by_source_length"][split][bucket] for r in runs
-                  if r["table"] == table and r["row"] == row
-                  and bucket in r.get("bleu_by_source_length", {}).get(split, {})]
+        values = [
+            r["bleu_by_source_length"][split][bucket] for r in runs if r["table"] == table and
+            r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})
+        ]
         cells.append(verdicts.format_mean_std(values))
       lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -166,13 +179,17 @@ def _time_lines(runs: list[dict]) -> list[str]:
   if not timed:
     return []
   mean = lambda values: sum(values) / len(timed)
-  parts = {part: mean([r["time_s"][part] for r in timed])
-           for part in ("training", "validation", "evaluation")}
-  return [f"Time per run (mean of {len(timed)}): {mean([r['wall_time_s'] for r in timed]):.0f} s"
-          f" = training {parts['training']:.0f} s (steps, compilation, checkpoints) + "
-          f"validation during training {parts['validation']:.0f} s + final evaluation "
-          f"{parts['evaluation']:.0f} s (every split, position statistics, length "
-          f"diagnostics).", ""]
+  parts = {
+      part: mean([r["time_s"][part] for r in timed])
+      for part in ("training", "validation", "evaluation")
+  }
+  return [
+      f"Time per run (mean of {len(timed)}): {mean([r['wall_time_s'] for r in timed]):.0f} s"
+      f" = training {parts['training']:.0f} s (steps, compilation, checkpoints) + "
+      f"validation during training {parts['validation']:.0f} s + final evaluation "
+      f"{parts['evaluation']:.0f} s (every split, position statistics, length "
+      f"diagnostics).", ""
+  ]
 
 
 def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
@@ -180,28 +197,34 @@ def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
   length ratio and early / late stops, and the share of the drop oracle length recovers."""
   test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
   splits = [test_split] + ([long] if long != test_split else [])
-  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits]
-            + [f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter",
-               f"{long} longer", "drop recovered by oracle length"])
+  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] + [
+      f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter", f"{long} longer",
+      "drop recovered by oracle length"
+  ])
   lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
   for row in rows:
     row_runs = verdicts.runs_of_row(runs, "length", row)
     cells = [row, str(len(row_runs))]
-    cells += [verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s))
-              for s in splits]
-    cells += [verdicts.format_mean_std(verdicts.oracle_bleu(row_runs, long)),
-              verdicts.format_ratio(verdicts.length_values(row_runs, long, "ratio")),
-              verdicts.format_percent(verdicts.length_values(row_runs, long, "shorter")),
-              verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
-              verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))]
+    cells += [
+        verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s)) for s in splits
+    ]
+    cells += [
+        verdicts.format_mean_std(verdicts.oracle_bleu(row_runs, long)),
+        verdicts.format_ratio(verdicts.length_values(row_runs, long, "ratio")),
+        verdicts.format_percent(verdicts.length_values(row_runs, long, "shorter")),
+        verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
+        verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
+    ]
     lines.append("| " + " | ".join(cells) + " |")
-  return lines + ["", f"Length ratio: hypothesis over reference length, summed over the split, "
-                      f"in target tokens (the task's SentencePiece pieces, eos excluded); "
-                      f"shorter / longer: the share of hypotheses that stop before / run past "
-                      f"their reference's length. Oracle length: beam search with eos "
-                      f"forbidden before the reference's length in target tokens and forced "
-                      f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
-                      f"({test_split} - {long}) BLEU, per seed.", ""]
+  return lines + [
+      "", f"Length ratio: hypothesis over reference length, summed over the split, "
+      f"in target tokens (the task's SentencePiece pieces, eos excluded); "
+      f"shorter / longer: the share of hypotheses that stop before / run past "
+      f"their reference's length. Oracle length: beam search with eos "
+      f"forbidden before the reference's length in target tokens and forced "
+      f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
+      f"({test_split} - {long}) BLEU, per seed.", ""
+  ]
 
 
 def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
@@ -210,8 +233,10 @@ def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, tit
   buckets = length_buckets(runs, split)
   if not buckets:
     return []
-  lines = [title, "", "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
-           "|" + " --- |" * (len(buckets) + 1)]
+  lines = [
+      title, "", "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
+      "|" + " --- |" * (len(buckets) + 1)
+  ]
   for row in rows:
     row_runs = verdicts.runs_of_row(runs, table, row)
     lines.append(f"| {row} | " + " | ".join(cell(row_runs, b) for b in buckets) + " |")
@@ -227,27 +252,36 @@ def _diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[st
     return []
   lines = []
   for split in [s for s in verdicts.splits_in_order(table_runs) if s != "validation"]:
+
     def bleu_cell(row_runs, bucket, split=split):
-      plain = [r["bleu_by_source_length"][split][bucket] for r in row_runs
-               if bucket in r.get("bleu_by_source_length", {}).get(split, {})]
-      oracle = [r["oracle_length"][split]["bleu_by_source_length"][bucket] for r in row_runs
-                if bucket in r.get("oracle_length", {}).get(split, {}).get(
-                    "bleu_by_source_length", {})]
+      plain = [
+          r["bleu_by_source_length"][split][bucket]
+          for r in row_runs
+          if bucket in r.get("bleu_by_source_length", {}).get(split, {})
+      ]
+      oracle = [
+          r["oracle_length"][split]["bleu_by_source_length"][bucket]
+          for r in row_runs
+          if bucket in r.get("oracle_length", {}).get(split, {}).get("bleu_by_source_length", {})
+      ]
       return f"{verdicts.format_mean_std(plain)} → {verdicts.format_mean_std(oracle)}"
 
     def ratio_cell(row_runs, bucket, split=split):
-      stats = [r["length_statistics"][split]["by_source_length"][bucket] for r in row_runs
-               if bucket in r.get("length_statistics", {}).get(split, {}).get(
-                   "by_source_length", {})]
+      stats = [
+          r["length_statistics"][split]["by_source_length"][bucket]
+          for r in row_runs
+          if bucket in r.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
+      ]
       return (f"{verdicts.format_ratio([x['ratio'] for x in stats])} "
               f"({verdicts.format_percent([x['shorter'] for x in stats])} short)") if stats else "–"
 
     lines += _bucket_table(table_runs, rows, table, split,
                            f"BLEU → BLEU at oracle length, by source length (words), {split}:",
                            bleu_cell)
-    lines += _bucket_table(table_runs, rows, table, split,
-                           f"Length ratio (target tokens) and share of early stops, by source "
-                           f"length (words), {split}:", ratio_cell)
+    lines += _bucket_table(
+        table_runs, rows, table, split,
+        f"Length ratio (target tokens) and share of early stops, by source "
+        f"length (words), {split}:", ratio_cell)
   lines += _accuracy_lines(table_runs, table, rows)
   lines += _attention_lines(table_runs, table, rows)
   return lines
@@ -264,16 +298,17 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
     have = [r for r in runs if split in r.get("token_accuracy_by_position", {})]
     if not have:
       continue
-    counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"]
-                                    for r in have))]
+    counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"] for r in have))]
     last = max((i for i, c in enumerate(counts) if c), default=-1)
-    ranges = [(low, min(low + POSITION_RANGE, last + 1))
-              for low in range(0, last + 1, POSITION_RANGE)]
-    lines += [f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
-              f"eos, {split}:", "",
-              "| row | " + " | ".join(f"{a}-{b - 1}" if b - 1 > a else f"{a}"
-                                      for a, b in ranges) + " | eos |",
-              "|" + " --- |" * (len(ranges) + 2)]
+    ranges = [
+        (low, min(low + POSITION_RANGE, last + 1)) for low in range(0, last + 1, POSITION_RANGE)
+    ]
+    lines += [
+        f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
+        f"eos, {split}:", "", "| row | " +
+        " | ".join(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges) + " | eos |",
+        "|" + " --- |" * (len(ranges) + 2)
+    ]
     for row in rows:
       row_runs = [r for r in have if r["row"] == row]
       cells = []
@@ -283,9 +318,9 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
           stats = r["token_accuracy_by_position"][split]
           count = sum(stats["count"][low:high])
           if count:
-            values.append(100 * sum(a * c for a, c in zip(stats["accuracy"][low:high],
-                                                          stats["count"][low:high]) if c)
-                          / count)
+            values.append(100 * sum(
+                a * c for a, c in zip(stats["accuracy"][low:high], stats["count"][low:high]) if c) /
+                          count)
         cells.append(verdicts.format_mean_std(values))
       eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
       lines.append(f"| {row} | " + " | ".join(cells) + f" | {verdicts.format_mean_std(eos)} |")
@@ -296,24 +331,34 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
 def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
   """Normalized entropy of the encoder's self-attention per layer, each test split side by
   side (1 = uniform over the sentence, 0 = one key)."""
-  splits = [s for s in verdicts.splits_in_order(runs) if s != "validation"
-            and any(s in r.get("attention_profile", {}) for r in runs)]
+  splits = [
+      s for s in verdicts.splits_in_order(runs)
+      if s != "validation" and any(s in r.get("attention_profile", {}) for r in runs)
+  ]
   if not splits:
     return []
-  layers = max(len(r["attention_profile"][s]["normalized_entropy"]) for r in runs
-               for s in splits if s in r.get("attention_profile", {}))
+  layers = max(
+      len(r["attention_profile"][s]["normalized_entropy"])
+      for r in runs
+      for s in splits
+      if s in r.get("attention_profile", {}))
   header = [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
-  lines = [f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
-           f"key), {' / '.join(splits)} sources:", "",
-           "| row | " + " | ".join(header) + " |", "|" + " --- |" * (layers + 1)]
+  lines = [
+      f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
+      f"key), {' / '.join(splits)} sources:", "", "| row | " + " | ".join(header) + " |",
+      "|" + " --- |" * (layers + 1)
+  ]
   for row in rows:
     row_runs = [r for r in runs if r["row"] == row]
     cells = []
     for layer in range(layers):
       cells.append(" / ".join(
-          verdicts.format_ratio([r["attention_profile"][s]["normalized_entropy"][layer]
-                                 for r in row_runs if s in r.get("attention_profile", {})
-                                 and layer < len(r["attention_profile"][s]["normalized_entropy"])])
+          verdicts.format_ratio([
+              r["attention_profile"][s]["normalized_entropy"][layer]
+              for r in row_runs
+              if s in r.get("attention_profile", {}) and
+              layer < len(r["attention_profile"][s]["normalized_entropy"])
+          ])
           for s in splits))
     lines.append(f"| {row} | " + " | ".join(cells) + " |")
   return lines + [""]
@@ -322,34 +367,41 @@ def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]
 def _length_findings_lines(runs: list[dict]) -> list[str]:
   """The length table's findings section."""
   test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
-  return ["## Length findings", "",
-          f"Each finding compares per-seed values by Welch's t-test: difference of means [95% "
-          f"confidence interval], two-sided p; a gap holds when it is at least "
-          f"{verdicts.MARGIN_BLEU} BLEU and significant (p < {verdicts.ALPHA}). (ii) also gives "
-          f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
-          f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
-          f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
-          "| finding | holds | evidence |", "| --- | --- | --- |",
-          *(f"| {f} | {v} | {e} |" for f, v, e in verdicts.length_findings(runs)), ""]
+  return [
+      "## Length findings", "",
+      f"Each finding compares per-seed values by Welch's t-test: difference of means [95% "
+      f"confidence interval], two-sided p; a gap holds when it is at least "
+      f"{verdicts.MARGIN_BLEU} BLEU and significant (p < {verdicts.ALPHA}). (ii) also gives "
+      f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
+      f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
+      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "", "| finding | holds | evidence |",
+      "| --- | --- | --- |",
+      *(f"| {f} | {v} | {e} |" for f, v, e in verdicts.length_findings(runs)), ""
+  ]
 
 
 def render_table(runs: list[dict]) -> str:
   """The markdown of `table.md` for the given runs."""
   tasks = sorted({r["task"] for r in runs})
   commits = list(dict.fromkeys(c for r in runs for c in r.get("commits", [r["commit"]])))
-  lines = [f"# relpos results: {', '.join(tasks)}", "",
-           f"Made from results.json ({len(runs)} runs; commits {', '.join(commits)}). "
-           "BLEU is cased sacreBLEU (mean ± sample std over seeds); the paper's figures are "
-           "WMT14 EN-DE, for the direction of each effect, not its size.", ""]
-  signatures = sorted({scores["signature"] for r in runs for scores in r["scores"].values()
-                       if "signature" in scores})
+  lines = [
+      f"# relpos results: {', '.join(tasks)}", "",
+      f"Made from results.json ({len(runs)} runs; commits {', '.join(commits)}). "
+      "BLEU is cased sacreBLEU (mean ± sample std over seeds); the paper's figures are "
+      "WMT14 EN-DE, for the direction of each effect, not its size.", ""
+  ]
+  signatures = sorted({
+      scores["signature"] for r in runs for scores in r["scores"].values() if "signature" in scores
+  })
   if signatures:
     lines += [f"sacreBLEU signature: `{', '.join(signatures)}`.", ""]
   scored = sorted({r["config"].get("decode", {}).get("checkpoint", "best") for r in runs})
   others = other_checkpoints(runs)
-  lines += [f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)"
-            + (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
-               "checkpoints averaged)" if others else "") + ".", ""]
+  lines += [
+      f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)" +
+      (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
+       "checkpoints averaged)" if others else "") + ".", ""
+  ]
   for table in ("ablation", "k_sweep", "length"):
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):
@@ -357,17 +409,16 @@ def render_table(runs: list[dict]) -> str:
   if all(r["table"] == "length" for r in runs):
     return "\n".join(lines) + "\n"
   margin = verdicts.MARGIN_BLEU
-  lines += ["## The paper's findings, here", "",
-            f"Each finding compares the per-seed values of two rows "
-            f"({verdicts.main_test_split(runs)} BLEU unless it says otherwise) by Welch's t-test: "
-            f"difference of means [95% confidence interval], two-sided p. A predicted gap "
-            f"reproduces when it is at least {margin} BLEU (4b: half of rel_kv's gain over none) "
-            f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
-            f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
-            f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict.",
-            "",
-            "| finding | reproduced | evidence |",
-            "| --- | --- | --- |"]
+  lines += [
+      "## The paper's findings, here", "", f"Each finding compares the per-seed values of two rows "
+      f"({verdicts.main_test_split(runs)} BLEU unless it says otherwise) by Welch's t-test: "
+      f"difference of means [95% confidence interval], two-sided p. A predicted gap "
+      f"reproduces when it is at least {margin} BLEU (4b: half of rel_kv's gain over none) "
+      f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
+      f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
+      f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
+      "| finding | reproduced | evidence |", "| --- | --- | --- |"
+  ]
   lines += [f"| {f} | {v} | {e} |" for f, v, e in verdicts.findings(runs)]
   return "\n".join(lines) + "\n"
 

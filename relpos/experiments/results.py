@@ -25,19 +25,20 @@ RUNS_DIR = "runs"
 # A run trained again with --retrain_changed is first renamed <workdir><REPLACED_MARK><time>.
 REPLACED_MARK = ".replaced-"
 
+
 def environment() -> dict[str, Any]:
   """The software and devices results are made with: jax and flax versions, device kind
   (e.g. "cpu", "NVIDIA H200") and count."""
   devices = jax.devices()
-  return {"jax_version": jax.__version__, "flax_version": flax.__version__,
-          "device_kind": devices[0].device_kind, "device_count": len(devices)}
+  return {
+      "jax_version": jax.__version__, "flax_version": flax.__version__,
+      "device_kind": devices[0].device_kind, "device_count": len(devices)
+  }
 
 
 def now() -> str:
   """The current UTC time, ISO 8601 to the second."""
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 
 
 def relative_workdir(workdir: str) -> str:
@@ -68,8 +69,8 @@ def read_result(path: str) -> dict[str, Any]:
     result = json_files.read_json(path)
   except ValueError as e:
     raise ValueError(f"{str(e).rstrip('.')}: delete it to evaluate that run again.") from None
-  missing = ([f for f in RESULT_FIELDS if f not in result] if isinstance(result, dict)
-             else list(RESULT_FIELDS))
+  missing = ([f for f in RESULT_FIELDS if f not in result]
+             if isinstance(result, dict) else list(RESULT_FIELDS))
   if missing or not isinstance(result["scores"], dict):
     raise ValueError(f"{path} is not a run's result (no {(missing or ['scores'])[0]!r}): "
                      "delete it to evaluate that run again.")
@@ -99,9 +100,11 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def write_outputs(output_dir: str) -> dict[str, Any]:
   """results.json from the finished runs, then table.md and the plots from it."""
   results_path = os.path.join(output_dir, RESULTS_FILE)
-  json_files.write_json(results_path, {"schema_version": report.RESULTS_SCHEMA_VERSION,
-                                       "written_at": now(), **environment(),
-                                       "runs": collect(output_dir)}, indent=1)
+  json_files.write_json(
+      results_path, {
+          "schema_version": report.RESULTS_SCHEMA_VERSION, "written_at": now(),
+          **environment(), "runs": collect(output_dir)
+      }, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)

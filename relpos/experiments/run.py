@@ -48,8 +48,9 @@ _TABLE = flags.DEFINE_enum("table", "ablation", list(tables.TABLES), "Which tabl
 _TASK = flags.DEFINE_enum("task", tables.DEFAULT_TASK, list(tables.TASKS), "Which task.")
 _SEEDS = flags.DEFINE_integer("seeds", 1, "Number of seeds per row (seeds 0..N-1).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Output directory (required to run).")
-_ROWS = flags.DEFINE_list("rows", None, "Subset of the table's rows (default: all); the k sweep "
-                          "takes any k=<int>.")
+_ROWS = flags.DEFINE_list(
+    "rows", None, "Subset of the table's rows (default: all); the k sweep "
+    "takes any k=<int>.")
 _CONFIG = cli.define_overrides_flag(
     tables.task_config(tables.DEFAULT_TASK), "Overrides for every run: --config.<field>=<value>, "
     "as train.py takes them.")
@@ -73,10 +74,14 @@ _PARALLEL = flags.DEFINE_integer(
 
 def listing() -> str:
   """The tables with their rows, and the tasks, one per line."""
-  extra = {"k_sweep": " (or any k=<int>)",
-           "ablation": "".join(f", {row}" for row in tables.variant_rows())}
-  lines = [f"table {table}: {', '.join(rows)}{extra.get(table, '')}"
-           for table, rows in tables.TABLES.items()]
+  extra = {
+      "k_sweep": " (or any k=<int>)",
+      "ablation": "".join(f", {row}" for row in tables.variant_rows())
+  }
+  lines = [
+      f"table {table}: {', '.join(rows)}{extra.get(table, '')}"
+      for table, rows in tables.TABLES.items()
+  ]
   return "\n".join(lines + [f"tasks: {', '.join(tables.TASKS)}"])
 
 
@@ -93,10 +98,11 @@ def main(argv: Sequence[str]) -> None:
   if not _OUTPUT_DIR.value:
     sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")
   try:
-    outputs = cli.run(argv, lambda: runner.run_table(
-        _TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value), output_dir=_OUTPUT_DIR.value,
-        rows=_ROWS.value, overrides=overrides(), parallel=_PARALLEL.value,
-        order=_ORDER.value, retrain_changed=_RETRAIN_CHANGED.value))
+    outputs = cli.run(
+        argv, lambda: runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(
+            _SEEDS.value), output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(
+            ), parallel=_PARALLEL.value, order=_ORDER.value, retrain_changed=_RETRAIN_CHANGED.value)
+    )
   except KeyboardInterrupt:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])

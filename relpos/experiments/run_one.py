@@ -24,14 +24,15 @@ _ROW = flags.DEFINE_string("row", None, "The run's row of the table.", required=
 _SEED = flags.DEFINE_integer("seed", 0, "The run's seed.")
 _TASK = flags.DEFINE_enum("task", tables.DEFAULT_TASK, list(tables.TASKS), "The run's task.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir.", required=True)
-_SET = flags.DEFINE_multi_string(
-    "set", [], "Config override, `dotted.field=value` (Python literal).")
+_SET = flags.DEFINE_multi_string("set", [],
+                                 "Config override, `dotted.field=value` (Python literal).")
 
 
 def main(argv: Sequence[str]) -> None:
-  cli.run(argv, lambda: single_run.run_one(
-      _TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
-      dict(tables.parse_override(s) for s in _SET.value)))
+  cli.run(
+      argv,
+      lambda: single_run.run_one(_TABLE.value, _ROW.value, _SEED.value, _TASK.value, _WORKDIR.value,
+                                 dict(tables.parse_override(s) for s in _SET.value)))
 
 
 if __name__ == "__main__":

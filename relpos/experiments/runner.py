@@ -75,8 +75,8 @@ class Run:
     return os.path.join(self.workdir, results.RESULT_FILE)
 
 
-def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
-               output_dir: str, order: str = "rows") -> list[Run]:
+def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int], output_dir: str,
+               order: str = "rows") -> list[Run]:
   """Every (row, seed) of a table on `task`, with its workdir under `output_dir/runs` (named
   after the task too, so tables of two tasks never share a run).
 
@@ -85,11 +85,13 @@ def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
       seed, then every row with the next).
   """
   runs_dir = os.path.join(os.path.abspath(output_dir), results.RUNS_DIR)
-  pairs = ([(row, seed) for row in rows for seed in seeds] if order == "rows"
-           else [(row, seed) for seed in seeds for row in rows])
-  return [Run(table, row, seed,
-              os.path.join(runs_dir, f"{task}-{table}-{row.replace('=', '')}-seed{seed}"))
-          for row, seed in pairs]
+  pairs = ([(row, seed) for row in rows for seed in seeds]
+           if order == "rows" else [(row, seed) for seed in seeds for row in rows])
+  return [
+      Run(table, row, seed,
+          os.path.join(runs_dir, f"{task}-{table}-{row.replace('=', '')}-seed{seed}"))
+      for row, seed in pairs
+  ]
 
 
 def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | None) -> None:
@@ -111,9 +113,10 @@ def _print_finished(result: dict[str, Any], done: int, total: int, started: floa
   split = single_run.EVAL_SPLITS[result["config"]["task"]["name"]][0]
   left = (time.monotonic() - started) / done * (total - done)
   eta = f"; ETA {_duration(left)} for the {total - done} left" if done < total else ""
-  print(f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
-        f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"
-        f"{eta})", flush=True)
+  print(
+      f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
+      f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"
+      f"{eta})", flush=True)
 
 
 def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
@@ -124,8 +127,9 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
     result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides)
     if result is None:
-      logging.warning("Preempted during %s: its checkpoint is saved; rerun the same command "
-                      "to resume.", run.workdir)
+      logging.warning(
+          "Preempted during %s: its checkpoint is saved; rerun the same command "
+          "to resume.", run.workdir)
       return True
     _print_finished(result, done, len(runs), started)
     results.write_outputs(output_dir)
@@ -134,10 +138,12 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
 
 def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list[str]:
   """The command that trains and evaluates `run` in a process of its own."""
-  return [sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
-          f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
-          *(f"--import={spec}" for spec in user_modules.imported()),
-          *(f"--set={tables.format_override(k, v)}" for k, v in (overrides or {}).items())]
+  return [
+      sys.executable, "-m", "relpos.experiments.run_one", f"--table={run.table}",
+      f"--row={run.row}", f"--seed={run.seed}", f"--task={task}", f"--workdir={run.workdir}",
+      *(f"--import={spec}" for spec in user_modules.imported()),
+      *(f"--set={tables.format_override(k, v)}" for k, v in (overrides or {}).items())
+  ]
 
 
 def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
@@ -157,12 +163,13 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
       results.write_outputs(output_dir)
     else:
       failed.append(run)
-      print(f"relpos: run {done} of {len(runs)} failed: {run.name} "
-            f"({children.failure(returncode)}); log: {run.log}", flush=True)
+      print(
+          f"relpos: run {done} of {len(runs)} failed: {run.name} "
+          f"({children.failure(returncode)}); log: {run.log}", flush=True)
 
   stopped = children.run_all(runs, command=lambda run: child_command(run, task, overrides),
-                             env=children.environment(parallel, ROOT), parallel=parallel,
-                             ended=ended)
+                             env=children.environment(parallel,
+                                                      ROOT), parallel=parallel, ended=ended)
   return failed, stopped
 
 
@@ -226,8 +233,9 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
       raise ValueError(f"{run.result} was made with {field}={saved!r}, not the {asked!r} asked"
                        f"{more}: pass --retrain_changed to train it again (its folder is "
                        "kept aside), or use another --output_dir.")
-    print(f"relpos: {run.workdir} was made with {field}={saved!r}, not {asked!r}{more}; moved "
-          f"it to {_move_aside(run)} to train it again.", flush=True)
+    print(
+        f"relpos: {run.workdir} was made with {field}={saved!r}, not {asked!r}{more}; moved "
+        f"it to {_move_aside(run)} to train it again.", flush=True)
     pending.append(run)
   return pending
 
@@ -282,20 +290,21 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)
-  with locks.hold(output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
-                  busy="another table runs there; wait for it to end (or stop it), or pass "
-                       "another --output_dir"):
+  with locks.hold(
+      output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
+      busy="another table runs there; wait for it to end (or stop it), or pass "
+      "another --output_dir"):
     _check_one_task(output_dir, task)
     runs = table_runs(table, task, rows, seeds, output_dir, order)
-    pending = pending_runs(runs, task=task, overrides=overrides,
-                           retrain_changed=retrain_changed)
+    pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed)
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
       failed = []
-      preempted = _run_in_process(pending, task=task, overrides=overrides,
-                                  output_dir=output_dir)
+      preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir)
     else:
       failed, preempted = _run_children(pending, task=task, overrides=overrides,
                                         output_dir=output_dir, parallel=parallel)
-    return {**results.write_outputs(output_dir), "preempted": preempted,
-            "failed": [run.log for run in failed]}
+    return {
+        **results.write_outputs(output_dir), "preempted": preempted,
+        "failed": [run.log for run in failed]
+    }

@@ -29,8 +29,9 @@ from relpos.experiments import results
 from relpos.experiments import tables
 
 # Held-out splits scored per dataset (`config.task.name`).
-EVAL_SPLITS = {"synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",),
-               "wmt14": ("test",)}
+EVAL_SPLITS = {
+    "synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",), "wmt14": ("test",)
+}
 ANALYSIS_SENTENCES = 128
 # Held by the process that runs in a workdir (others wait for it).
 LOCK_FILE = "run.lock"
@@ -39,22 +40,29 @@ LOCK_FILE = "run.lock"
 def train_steps_per_second(workdir: str) -> float | None:
   """Median training steps per second over the run's logged intervals (compilation and
   evaluation time excluded); None when no interval was timed."""
-  speeds = [r["steps_per_second"] for r in metrics_writer.read_metrics(workdir)
-            if r["split"] == "train" and r.get("steps_per_second") is not None]
+  speeds = [
+      r["steps_per_second"]
+      for r in metrics_writer.read_metrics(workdir)
+      if r["split"] == "train" and r.get("steps_per_second") is not None
+  ]
   return float(np.median(speeds)) if speeds else None
 
 
 def validation_curve(workdir: str) -> list[list[float]]:
   """[[step, validation BLEU], ...] of the run's metrics.jsonl, in step order (a step logged
   again after a resume keeps its last record)."""
-  by_step = {r["step"]: r["bleu"] for r in metrics_writer.read_metrics(workdir)
-             if r["split"] == "validation" and "bleu" in r}
+  by_step = {
+      r["step"]: r["bleu"]
+      for r in metrics_writer.read_metrics(workdir)
+      if r["split"] == "validation" and "bleu" in r
+  }
   return [[step, by_step[step]] for step in sorted(by_step)]
 
 
-def score_checkpoint(workdir: str, config: ml_collections.ConfigDict, task: pipeline.Task,
-                     checkpoint: str, mesh: jax.sharding.Mesh
-                     ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict], dict[str, dict]]:
+def score_checkpoint(
+    workdir: str, config: ml_collections.ConfigDict, task: pipeline.Task, checkpoint: str,
+    mesh: jax.sharding.Mesh
+) -> tuple[nnx.Module, dict[str, dict], dict[str, dict], dict[str, dict]]:
   """Scores one checkpoint choice of a run ("best", "latest", "average:N") on the validation
   split and every evaluation split of its task.
 
@@ -77,8 +85,8 @@ def score_checkpoint(workdir: str, config: ml_collections.ConfigDict, task: pipe
   return model, scores, by_length, lengths
 
 
-def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict,
-                       task: pipeline.Task, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict, task: pipeline.Task,
+                       mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """The length diagnostics of `relpos.experiments.diagnostics` on every test split.
 
   Returns:
@@ -90,7 +98,7 @@ def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict,
   out = {"oracle_length": {}, "token_accuracy_by_position": {}, "attention_profile": {}}
   for split in EVAL_SPLITS[config.task.name]:
     out["oracle_length"][split] = diagnostics.oracle_length_scores(model, task, split, config,
-                                                                  mesh=mesh)
+                                                                   mesh=mesh)
     out["token_accuracy_by_position"][split] = diagnostics.token_accuracy_by_position(
         model, task, split, batch_size=config.train.eval_batch_size,
         num_positions=2 * config.task.max_length)
@@ -118,17 +126,19 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
   task = pipeline.get_task(config.task)
   model, scores, by_length, lengths = score_checkpoint(workdir, config, task,
                                                        config.decode.checkpoint, mesh)
-  others = {choice: score_checkpoint(workdir, config, task, choice, mesh)[1]
-            for choice in config.other_checkpoints()}
+  others = {
+      choice: score_checkpoint(workdir, config, task, choice, mesh)[1]
+      for choice in config.other_checkpoints()
+  }
   sources = task.source_texts("validation")[:ANALYSIS_SENTENCES]
   _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
   num_params = sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  return {"scores": scores, "bleu_by_source_length": by_length, "length_statistics": lengths,
-          "other_checkpoints": others,
-          "position_statistics": analysis.position_statistics(model, inputs),
-          "num_params": num_params,
-          **(length_diagnostics(model, config, task, mesh)
-             if config.decode.length_diagnostics else {})}
+  return {
+      "scores": scores, "bleu_by_source_length": by_length, "length_statistics": lengths,
+      "other_checkpoints": others,
+      "position_statistics": analysis.position_statistics(model, inputs), "num_params": num_params,
+      **(length_diagnostics(model, config, task, mesh) if config.decode.length_diagnostics else {})
+  }
 
 
 class StopRequested(Exception):
@@ -162,8 +172,9 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
       with preemption.Preemption(signals=(signal.SIGTERM,), on_signal=_raise_stop):
         evaluation = evaluate_run(workdir)
     except StopRequested:
-      logging.warning("Stopped during the final evaluation of %s; its training is saved, and "
-                      "running the same command again evaluates it.", workdir)
+      logging.warning(
+          "Stopped during the final evaluation of %s; its training is saved, and "
+          "running the same command again evaluates it.", workdir)
       return None
     evaluation_s = time.time() - evaluation_start
     records = metrics_writer.read_metrics(workdir)
@@ -171,20 +182,28 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
     validation_s = sum(r.get("time_s") or 0.0 for r in records if r["split"] == "validation")
     starts = metrics_writer.read_starts(workdir)
     result = {
-        "table": table, "row": row, "seed": seed, "task": task,
+        "table": table,
+        "row": row,
+        "seed": seed,
+        "task": task,
         "k": config.model.max_relative_position if table == "k_sweep" else None,
         "commit": starts[-1]["commit"] if starts else source_tree.commit(),
         # Every start of the run (time, step, commit, host) and the commits in order.
-        "starts": starts, "commits": list(dict.fromkeys(s["commit"] for s in starts)),
+        "starts": starts,
+        "commits": list(dict.fromkeys(s["commit"] for s in starts)),
         # Seconds over every start of the run (`metrics_writer.elapsed_seconds`; compilation
         # is inside each part): training steps and checkpoints, validation during training,
         # the final evaluation of every split (the last one).
         "wall_time_s": training_s + evaluation_s,
-        "time_s": {"training": training_s - validation_s, "validation": validation_s,
-                   "evaluation": evaluation_s},
+        "time_s": {
+            "training": training_s - validation_s, "validation": validation_s,
+            "evaluation": evaluation_s
+        },
         "steps_per_second": train_steps_per_second(workdir),
-        "validation_curve": validation_curve(workdir), **evaluation,
-        "config": json.loads(config.to_json()), "workdir": results.relative_workdir(workdir),
+        "validation_curve": validation_curve(workdir),
+        **evaluation,
+        "config": json.loads(config.to_json()),
+        "workdir": results.relative_workdir(workdir),
         "environment": {**results.environment(), "finished_at": results.now()},
     }
     json_files.write_json(os.path.join(workdir, results.RESULT_FILE), result, indent=1)

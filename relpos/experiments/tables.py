@@ -29,18 +29,25 @@ ROWS: dict[str, dict[str, object]] = {
     "rel_v": {**_RELATIVE_ONLY, "relative_key": False, "relative_value": True},
     "none": {"position": "none", "add_absolute": False},
     "t5": {"position": "t5", "add_absolute": False},
-    "abs_rel_kv": {"position": "relative", "add_absolute": True, "absolute_type": "sinusoidal",
-                   "relative_key": True, "relative_value": True},
+    "abs_rel_kv": {
+        "position": "relative", "add_absolute": True, "absolute_type": "sinusoidal",
+        "relative_key": True, "relative_value": True
+    },
     "rope": {"position": "rope", "add_absolute": False},
     "alibi": {"position": "alibi", "add_absolute": False},
     # Length extrapolation (issue #27): FIRE, SHAPE and randomized positions at their defaults.
-    "fire": {"position": "fire", "add_absolute": False, "fire_hidden": 32, "fire_init_c": 0.1,
-             "fire_init_threshold": 16.0},
-    "shape": {"position": "shape", "add_absolute": False, "absolute_type": "sinusoidal",
-              "shape_max_shift": 500},
-    "randomized": {"position": "randomized", "add_absolute": False,
-                   "absolute_type": "sinusoidal", "randomized_max_position": 2048,
-                   "randomized_eval_stride": 1},
+    "fire": {
+        "position": "fire", "add_absolute": False, "fire_hidden": 32, "fire_init_c": 0.1,
+        "fire_init_threshold": 16.0
+    },
+    "shape": {
+        "position": "shape", "add_absolute": False, "absolute_type": "sinusoidal",
+        "shape_max_shift": 500
+    },
+    "randomized": {
+        "position": "randomized", "add_absolute": False, "absolute_type": "sinusoidal",
+        "randomized_max_position": 2048, "randomized_eval_stride": 1
+    },
 }
 ROWS["rel_kv_concat"] = dict(ROWS["rel_kv"])
 
@@ -136,8 +143,8 @@ def row_in_table(row: str, table: str) -> bool:
   if table == "k_sweep" and row.startswith(_K_PREFIX):
     row_overrides(row)  # a malformed k raises, naming the row
     return True
-  return row in TABLES[table] or (
-      table in ("ablation", "length") and (row in ROWS or row in variant_rows()))
+  return row in TABLES[table] or (table in ("ablation", "length") and
+                                  (row in ROWS or row in variant_rows()))
 
 
 def set_fields(config: ml_collections.ConfigDict, dotted: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
   mean = sum(values) / len(values)
   if len(values) < 2:
     return mean, 0.0
-  var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+  var = sum((v - mean)**2 for v in values) / (len(values) - 1)
   return mean, math.sqrt(var)
 
 
@@ -89,14 +89,18 @@ def long_split(runs: list[dict]) -> str:
 
 def bleu_values(runs: list[dict], table: str, row: str, split: str) -> list[float]:
   """BLEU on `split` of the runs of (table, row) that score it: [runs], one per seed."""
-  return [r["scores"][split]["bleu"] for r in runs
-          if r["table"] == table and r["row"] == row and split in r["scores"]]
+  return [
+      r["scores"][split]["bleu"]
+      for r in runs
+      if r["table"] == table and r["row"] == row and split in r["scores"]
+  ]
 
 
 def field_values(runs: list[dict], table: str, row: str, name: str) -> list[float]:
   """The values of `name` in the runs of (table, row) that have one (not None)."""
-  return [r[name] for r in runs
-          if r["table"] == table and r["row"] == row and r.get(name) is not None]
+  return [
+      r[name] for r in runs if r["table"] == table and r["row"] == row and r.get(name) is not None
+  ]
 
 
 def runs_of_row(runs: list[dict], table: str, row: str) -> list[dict]:
@@ -106,14 +110,14 @@ def runs_of_row(runs: list[dict], table: str, row: str) -> list[dict]:
 
 def oracle_bleu(runs: list[dict], split: str) -> list[float]:
   """Oracle-length BLEU of `split`, one per run that has it (schema 5)."""
-  return [r["oracle_length"][split]["bleu"] for r in runs
-          if split in r.get("oracle_length", {})]
+  return [r["oracle_length"][split]["bleu"] for r in runs if split in r.get("oracle_length", {})]
 
 
 def length_values(runs: list[dict], split: str, name: str) -> list[float]:
   """`length_statistics[split][name]` ("ratio", "shorter", "longer"), one per run."""
-  return [r["length_statistics"][split][name] for r in runs
-          if split in r.get("length_statistics", {})]
+  return [
+      r["length_statistics"][split][name] for r in runs if split in r.get("length_statistics", {})
+  ]
 
 
 def recovered_shares(runs: list[dict], test_split: str, long: str) -> list[float]:
@@ -145,18 +149,17 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Comparison:
   """
   (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
   difference = mean_a - mean_b
-  var_a, var_b = std_a ** 2 / len(a), std_b ** 2 / len(b)  # squared standard errors
+  var_a, var_b = std_a**2 / len(a), std_b**2 / len(b)  # squared standard errors
   if var_a + var_b == 0:
     return Comparison(difference, difference, difference, float(difference == 0))
   se = math.sqrt(var_a + var_b)
-  df = (var_a + var_b) ** 2 / (var_a ** 2 / (len(a) - 1) + var_b ** 2 / (len(b) - 1))
+  df = (var_a + var_b)**2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
   half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
   return Comparison(difference, difference - half_width, difference + half_width,
                     float(2 * stats.t.sf(abs(difference) / se, df)))
 
 
-def judge(a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float
-          ) -> tuple[str, str]:
+def judge(a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float) -> tuple[str, str]:
   """Verdict and statistics of a prediction about mean(a) - mean(b).
 
   Args:
@@ -223,33 +226,37 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   positive = {r: v for r, v in sweep.items() if k_of(r) >= 1}
   lowest = _extreme_rows(positive)[1] if positive else None
   k0 = sweep.get("k=0", [])
-  check("2b. k = 0 collapses like no position (within the k sweep)",
-        positive.get(lowest, []), k0, gap=True,
-        evidence=lambda: f"lowest k >= 1, {lowest} {format_mean_std(positive[lowest])}, "
-                         f"vs k=0 {format_mean_std(k0)}")
+  check(
+      "2b. k = 0 collapses like no position (within the k sweep)", positive.get(lowest, []), k0,
+      gap=True, evidence=lambda: f"lowest k >= 1, {lowest} {format_mean_std(positive[lowest])}, "
+      f"vs k=0 {format_mean_std(k0)}")
   flat = {r: v for r, v in sweep.items() if k_of(r) >= 2}
   high, low = _extreme_rows(flat) if len(flat) >= 2 else (None, None)
-  check("3. quality is flat for k >= 2", flat.get(low, []), flat.get(high, []), gap=False,
-        evidence=lambda: f"{len(flat)} values of k; lowest {low} {format_mean_std(flat[low])} vs "
-                         f"highest {high} {format_mean_std(flat[high])}")
+  check(
+      "3. quality is flat for k >= 2", flat.get(low, []), flat.get(high, []), gap=False,
+      evidence=lambda: f"{len(flat)} values of k; lowest {low} {format_mean_std(flat[low])} vs "
+      f"highest {high} {format_mean_std(flat[high])}")
   rel_k, rel_v = bleu("rel_k"), bleu("rel_v")
   check("4a. a^K alone recovers all of it", rel_k, rel, gap=False,
         evidence=lambda: f"rel_k {format_mean_std(rel_k)} vs rel_kv {format_mean_std(rel)}")
   half = (mean_std(rel)[0] - mean_std(none_)[0]) / 2 if rel and none_ else 0.0
-  check("4b. a^V alone recovers most of it", rel_v, none_, gap=True, margin=half, needs=[rel],
-        evidence=lambda: f"rel_v {format_mean_std(rel_v)} vs none {format_mean_std(none_)}, "
-                         f"more than half of rel_kv's gain ({half:.1f})")
+  check(
+      "4b. a^V alone recovers most of it", rel_v, none_, gap=True, margin=half, needs=[rel],
+      evidence=lambda: f"rel_v {format_mean_std(rel_v)} vs none {format_mean_std(none_)}, "
+      f"more than half of rel_kv's gain ({half:.1f})")
   slowest = 1 - paper.SPEED_DROP - 0.05
   s_rel, s_abs = speed("rel_kv"), speed("abs")
-  check(f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second", s_rel,
-        [slowest * s for s in s_abs], gap=False, margin=0.0,
-        evidence=lambda: f"drop {1 - mean_std(s_rel)[0] / mean_std(s_abs)[0]:.1%} "
-                         f"({mean_std(s_rel)[0]:.2f} vs {mean_std(s_abs)[0]:.2f} steps/s), "
-                         f"against {slowest:.0%} of abs, in steps/s")
+  check(
+      f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second", s_rel,
+      [slowest * s for s in s_abs], gap=False, margin=0.0,
+      evidence=lambda: f"drop {1 - mean_std(s_rel)[0] / mean_std(s_abs)[0]:.1%} "
+      f"({mean_std(s_rel)[0]:.2f} vs {mean_std(s_abs)[0]:.2f} steps/s), "
+      f"against {slowest:.0%} of abs, in steps/s")
   long_rel, long_abs = bleu("rel_kv", split="test_long"), bleu("abs", split="test_long")
-  check("6. (later work) relative beats absolute on longer sentences", long_rel, long_abs,
-        gap=True, evidence=lambda: f"test_long rel_kv {format_mean_std(long_rel)} vs abs "
-                                   f"{format_mean_std(long_abs)}")
+  check(
+      "6. (later work) relative beats absolute on longer sentences", long_rel, long_abs, gap=True,
+      evidence=lambda: f"test_long rel_kv {format_mean_std(long_rel)} vs abs "
+      f"{format_mean_std(long_abs)}")
   return out
 
 
@@ -276,8 +283,7 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
       out.append((finding, "not run", "–"))
       return
     verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU)
-    out.append((finding, verdict,
-                evidence() + (f": {statistics}" if statistics else "") + after))
+    out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "") + after))
 
   base = bleu("abs", long)
   for row in ("rel_kv", "t5", "rope", "alibi", "fire"):
@@ -288,9 +294,10 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
     row_runs = runs_of_row(runs, "length", row)
     oracle, plain = oracle_bleu(row_runs, long), bleu(row, long)
     share = recovered_shares(row_runs, test_split, long)
-    check(f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True,
-          evidence=lambda: (f"recovers {format_percent(share)} of the drop; oracle "
-                            f"{format_mean_std(oracle)} vs {format_mean_std(plain)}"))
+    check(
+        f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True, evidence=lambda:
+        (f"recovers {format_percent(share)} of the drop; oracle "
+         f"{format_mean_std(oracle)} vs {format_mean_std(plain)}"))
   for row, base_row in tables.LENGTH_BASES:
     a, b = bleu(row, long), bleu(base_row, long)
     cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)

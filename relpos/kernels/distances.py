@@ -65,9 +65,8 @@ def _check_bias(bias: jax.Array | None, logits_shape: tuple[int, ...]) -> None:
 
 
 def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
-                 rel_value: jax.Array | None, max_distance: int,
-                 query_positions: jax.Array | None, key_positions: jax.Array | None,
-                 bias: jax.Array | None = None) -> None:
+                 rel_value: jax.Array | None, max_distance: int, query_positions: jax.Array | None,
+                 key_positions: jax.Array | None, bias: jax.Array | None = None) -> None:
   """Raises ValueError on inconsistent shapes, tables, bias or positions."""
   if query.ndim != 4 or key.ndim != 4:
     raise ValueError(f"query and key must be [batch, len, heads, depth], got {query.shape} and "
@@ -84,11 +83,10 @@ def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   as_positions(key_positions, key.shape[1], "key_positions")
 
 
-
-@functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["query_positions", "key_positions", "structured", "constant_row",
-                                "constant_index"],
-                   meta_fields=["q_len", "kv_len"])
+@functools.partial(
+    jax.tree_util.register_dataclass, data_fields=[
+        "query_positions", "key_positions", "structured", "constant_row", "constant_index"
+    ], meta_fields=["q_len", "kv_len"])
 @dataclasses.dataclass(frozen=True)
 class Distances:
   """Which clipped distance index each (query, key) pair has, and how to gather and sum by it.
@@ -129,8 +127,9 @@ def _sequential_index(distances: Distances, max_distance: int) -> jax.Array:
 
 def _pair_index(distances: Distances, max_distance: int) -> jax.Array:
   """int32 [batch or 1, 1, q_len, kv_len]: each pair's index from the explicit positions."""
-  return positions_lib.clipped_relative_position_index(
-      distances.query_positions, distances.key_positions, max_distance)[:, None]
+  return positions_lib.clipped_relative_position_index(distances.query_positions,
+                                                       distances.key_positions, max_distance)[:,
+                                                                                              None]
 
 
 def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array | None:
@@ -148,12 +147,12 @@ def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array
 
 
 def distances_of(query_positions: jax.Array | None, key_positions: jax.Array | None,
-               mask: jax.Array | None, q_len: int, kv_len: int, max_distance: int) -> Distances:
+                 mask: jax.Array | None, q_len: int, kv_len: int, max_distance: int) -> Distances:
   """The positions and the run-time check of the structure the shared pattern exploits."""
   if query_positions is None and key_positions is None:
     return Distances(q_len, kv_len)
   distances = Distances(q_len, kv_len, as_positions(query_positions, q_len, "query_positions"),
-                         as_positions(key_positions, kv_len, "key_positions"))
+                        as_positions(key_positions, kv_len, "key_positions"))
   index = _pair_index(distances, max_distance)
   weighed = _pairs_weighed(mask, q_len, kv_len)
   if weighed is None:
@@ -190,8 +189,10 @@ def _sequential_sum(values: jax.Array, max_distance: int, constant_row: jax.Arra
   offset = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]
   zero = jnp.zeros((), values.dtype)
   # One variadic reduction reads `values` once for both edges (and constant rows' totals).
-  operands = [jnp.where(offset <= -max_distance, values, zero),
-              jnp.where(offset >= max_distance, values, zero)]
+  operands = [
+      jnp.where(offset <= -max_distance, values, zero),
+      jnp.where(offset >= max_distance, values, zero)
+  ]
   if constant_row is not None:
     operands.append(values)
   edges = jax.lax.reduce(tuple(operands), (zero,) * len(operands),
@@ -199,7 +200,8 @@ def _sequential_sum(values: jax.Array, max_distance: int, constant_row: jax.Arra
   before, after = edges[0][..., None], edges[1][..., None]
   columns = jnp.arange(q_len)[:, None] + jnp.arange(-max_distance, max_distance + 1)[None, :]
   inside = (columns >= 0) & (columns < kv_len)
-  diagonals = jnp.take_along_axis(values, jnp.clip(columns, 0, kv_len - 1)[None, None], axis=-1,
+  diagonals = jnp.take_along_axis(values,
+                                  jnp.clip(columns, 0, kv_len - 1)[None, None], axis=-1,
                                   mode="promise_in_bounds", wrap_negative_indices=False)
   index = jnp.arange(2 * max_distance + 1)
   sums = jnp.where(index == 0, before,
@@ -271,9 +273,10 @@ def take_weighed_by_distance(per_distance: jax.Array, distances: Distances,
     return jnp.where(distances.constant_row, constant,
                      _take(per_distance, _sequential_index(distances, max_distance)))
 
-  return jax.lax.cond(distances.structured, structured,
-                      functools.partial(_take_by_distance, distances=distances,
-                                        max_distance=max_distance), per_distance)
+  return jax.lax.cond(
+      distances.structured, structured,
+      functools.partial(_take_by_distance, distances=distances, max_distance=max_distance),
+      per_distance)
 
 
 def table_einsum(lhs: str, table: jax.Array, out: str) -> str:

@@ -17,8 +17,8 @@ def _as_4d(x: jax.Array | None) -> jax.Array | None:
 
 
 def cudnn_requirement(*, backend: str, dtypes: tuple[Any, ...], depth: int, value_table: bool,
-                      dropout: bool, q_len: int | None = None, kv_len: int | None = None
-                      ) -> tuple[str, str] | None:
+                      dropout: bool, q_len: int | None = None,
+                      kv_len: int | None = None) -> tuple[str, str] | None:
   """The first thing cuDNN's fused attention needs that a call lacks, or None when it can run.
 
   It needs a GPU, float16 or bfloat16 inputs of one dtype, no value table (its output is the
@@ -66,8 +66,8 @@ def cudnn_unsupported(query: jax.Array, key: jax.Array, value: jax.Array, *,
   """
   need = cudnn_requirement(backend=jax.default_backend(),
                            dtypes=(query.dtype, key.dtype, value.dtype), depth=query.shape[-1],
-                           value_table=rel_value is not None, dropout=dropout,
-                           q_len=query.shape[1], kv_len=key.shape[1])
+                           value_table=rel_value is not None, dropout=dropout, q_len=query.shape[1],
+                           kv_len=key.shape[1])
   return None if need is None else need[1]
 
 
@@ -77,7 +77,7 @@ def attention_with_bias(query: jax.Array, key: jax.Array, value: jax.Array,
                         implementation: str) -> jax.Array:
   """`bias_attention` on validated inputs, with `distances` from `distances_lib.distances_of`."""
   if rel_key is not None:
-    scaled = distances_lib.heads_first(query) * query.shape[-1] ** -0.5
+    scaled = distances_lib.heads_first(query) * query.shape[-1]**-0.5
     relative = distances_lib.relative_logits(scaled, rel_key, distances, max_distance)
     bias = relative if bias is None else relative + bias
   if mask is not None:
@@ -104,8 +104,7 @@ def without_empty_rows(mask: jax.Array) -> jax.Array:
 def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                    rel_key: jax.Array | None = None, max_distance: int = 0,
                    bias: jax.Array | None = None, mask: jax.Array | None = None,
-                   query_positions: jax.Array | None = None,
-                   key_positions: jax.Array | None = None,
+                   query_positions: jax.Array | None = None, key_positions: jax.Array | None = None,
                    implementation: str = "xla") -> jax.Array:
   """Attention through `jax.nn.dot_product_attention`, the a^K term gathered into its bias.
 
@@ -127,5 +126,4 @@ def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
   distances = None if rel_key is None else distances_lib.distances_of(
       query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
   return attention_with_bias(query, key, value, rel_key, distances, max_distance, bias, mask,
-                         implementation)
-
+                             implementation)

@@ -42,7 +42,7 @@ def _logits(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   Args:
     query, key: heads first, [batch, heads, len, depth].
   """
-  query = query * query.shape[-1] ** -0.5
+  query = query * query.shape[-1]**-0.5
   # [b, h, q, d] x [b, h, k, d] -> [b, h, q, k], accumulated in float32
   logits = jnp.einsum("bhqd,bhkd->bhqk", query, key, preferred_element_type=jnp.float32)
   if rel_key is not None:
@@ -84,8 +84,8 @@ def _attend_with_relative_values(logits: jax.Array, keep: jax.Array | None, valu
   Returns:
     [batch, heads, q_len, depth].
   """
-  return _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances,
-                                          max_distance, dropout_rate)[0]
+  return _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, max_distance,
+                                          dropout_rate)[0]
 
 
 def _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, max_distance,
@@ -95,9 +95,8 @@ def _attend_with_relative_values_fwd(logits, keep, value, rel_value, distances, 
   # Summed in float32: an edge bucket collects up to kv_len - k weights.
   sums = distances_lib.sum_by_distance(dropped, distances, max_distance)  # [b, h, q, 2k+1]
   # [b, h, q, k] x [b, h, k, d] -> [b, h, q, d]  plus  [b, h, q, 2k+1] x [(h,) 2k+1, d] -> same
-  out = (jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(value.dtype), value)
-         + jnp.einsum(distances_lib.table_einsum("bhqr", rel_value, "bhqd"),
-                      sums.astype(value.dtype), rel_value))
+  out = (jnp.einsum("bhqk,bhkd->bhqd", dropped.astype(value.dtype), value) + jnp.einsum(
+      distances_lib.table_einsum("bhqr", rel_value, "bhqd"), sums.astype(value.dtype), rel_value))
   return out, (weights, keep, value, rel_value, distances, sums)
 
 
@@ -110,8 +109,9 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   # [.., depth] operand to the layout its matmul wants instead of the [.., 2k+1] sums. (The same
   # for the a^K table's gradient moved a [q_len, kv_len, 2] gather index into the peak memory.)
   # [b, h, q, d] x [b, h, q, 2k+1] -> [(h,) d, 2k+1] -> [(h,) 2k+1, d]
-  d_rel_value = jnp.swapaxes(jnp.einsum(f"bhqd,bhqr->{'dr' if rel_value.ndim == 2 else 'hdr'}",
-                                        cotangent, sums.astype(value.dtype)), -1, -2)
+  d_rel_value = jnp.swapaxes(
+      jnp.einsum(f"bhqd,bhqr->{'dr' if rel_value.ndim == 2 else 'hdr'}", cotangent,
+                 sums.astype(value.dtype)), -1, -2)
   # [b, h, q, d] x [(h,) 2k+1, d] -> [b, h, q, 2k+1]
   d_sums = jnp.einsum(distances_lib.table_einsum("bhqd", rel_value, "bhqr"), cotangent,
                       rel_value).astype(jnp.float32)
@@ -120,8 +120,8 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   d_weights = _dropped(d_dropped, keep, dropout_rate)  # [b, h, q, k]
   # Softmax VJP: weights * (d - sum_j weights * d), with sum_j dropped * gathered d_sums
   # = sum_r sums * d_sums. The barrier keeps the gather out of the dot-product fusion.
-  centre = (jnp.sum(weights * d_weights, axis=-1, keepdims=True)
-            + jnp.sum(sums * d_sums, axis=-1, keepdims=True))  # [b, h, q, 1]
+  centre = (jnp.sum(weights * d_weights, axis=-1, keepdims=True) +
+            jnp.sum(sums * d_sums, axis=-1, keepdims=True))  # [b, h, q, 1]
   d_logits = jax.lax.optimization_barrier(weights * (d_weights - centre))  # [b, h, q, k]
   # d_sums [b, h, q, 2k+1] read at each pair's distance: [b, h, q, k]
   d_gathered = distances_lib.take_weighed_by_distance(d_sums, distances, max_distance)
@@ -137,8 +137,9 @@ def _weights(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
              distances: distances_lib.Distances | None, max_distance: int, bias: jax.Array | None,
              mask: jax.Array | None) -> jax.Array:
   """Attention weights [batch, heads, q_len, kv_len] in float32 (inputs already validated)."""
-  return jax.nn.softmax(_logits(distances_lib.heads_first(query), distances_lib.heads_first(key),
-                                rel_key, distances, max_distance, bias, mask), axis=-1)
+  return jax.nn.softmax(
+      _logits(distances_lib.heads_first(query), distances_lib.heads_first(key), rel_key, distances,
+              max_distance, bias, mask), axis=-1)
 
 
 def relative_attention_weights(query: jax.Array, key: jax.Array, *,
@@ -168,15 +169,13 @@ def relative_attention_weights(query: jax.Array, key: jax.Array, *,
   return _weights(query, key, rel_key, distances, max_distance, bias, mask)
 
 
-
 def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
                                    rel_key: jax.Array | None = None,
                                    rel_value: jax.Array | None = None, max_distance: int = 0,
                                    bias: jax.Array | None = None, mask: jax.Array | None = None,
                                    query_positions: jax.Array | None = None,
                                    key_positions: jax.Array | None = None,
-                                   dropout_rate: float = 0.0,
-                                   dropout_rng: jax.Array | None = None,
+                                   dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None,
                                    implementation: str = "auto") -> jax.Array:
   """Dot-product attention with relative position representations (Shaw et al. 2018).
 
@@ -212,11 +211,11 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   distances_lib.check_inputs(query, key, rel_key, rel_value, max_distance, query_positions,
                              key_positions, bias)
-  attend = functools.partial(_attention, query, key, value, bias=bias, mask=mask,
-                             query_positions=query_positions, key_positions=key_positions,
-                             dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                             use_cudnn=_use_cudnn(implementation, query, key, value, rel_value,
-                                                  dropout_rate > 0.0 and dropout_rng is not None))
+  attend = functools.partial(
+      _attention, query, key, value, bias=bias, mask=mask, query_positions=query_positions,
+      key_positions=key_positions, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+      use_cudnn=_use_cudnn(implementation, query, key, value, rel_value, dropout_rate > 0.0 and
+                           dropout_rng is not None))
   # Distances longer than the sequences are never read when the positions span less than them:
   # the middle 2 * reach + 1 rows of each table then stand for all 2k + 1 (a k sweep to 256 on
   # sentences of 48 tokens would otherwise do its per-distance work 5 times over).
@@ -233,8 +232,7 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   span = _position_span(
       distances_lib.as_positions(query_positions, query.shape[1], "query_positions"),
       distances_lib.as_positions(key_positions, key.shape[1], "key_positions"))
-  return jax.lax.cond(span <= reach, windowed,
-                      lambda: attend(rel_key, rel_value, max_distance))
+  return jax.lax.cond(span <= reach, windowed, lambda: attend(rel_key, rel_value, max_distance))
 
 
 def _use_cudnn(implementation: str, query: jax.Array, key: jax.Array, value: jax.Array,
@@ -272,8 +270,8 @@ def _position_span(query_positions: jax.Array, key_positions: jax.Array) -> jax.
 def _attention(query: jax.Array, key: jax.Array, value: jax.Array, rel_key: jax.Array | None,
                rel_value: jax.Array | None, max_distance: int, *, bias: jax.Array | None,
                mask: jax.Array | None, query_positions: jax.Array | None,
-               key_positions: jax.Array | None, dropout_rate: float,
-               dropout_rng: jax.Array | None, use_cudnn: bool) -> jax.Array:
+               key_positions: jax.Array | None, dropout_rate: float, dropout_rng: jax.Array | None,
+               use_cudnn: bool) -> jax.Array:
   """`relative_dot_product_attention` on validated inputs: [batch, q_len, heads, depth]."""
   distances = None
   if rel_key is not None or rel_value is not None:
@@ -296,4 +294,3 @@ def _attention(query: jax.Array, key: jax.Array, value: jax.Array, rel_key: jax.
   weights = _dropped(jax.nn.softmax(logits, axis=-1), keep, dropout_rate)
   # [b, h, q, k] x [b, k, h, d] -> [b, q, h, d]
   return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
-

@@ -21,5 +21,7 @@ from relpos.variants.interface import all_fields, get, names, owner, register
 # pylint: disable-next=g-bad-import-order,wrong-import-position
 from relpos.variants import none, absolute, relative, t5, rope, alibi, fire, shape, randomized  # noqa: F401,E501
 
-__all__ = ["AttentionPosition", "AttentionTerms", "StochasticEmbedding", "Variant", "all_fields",
-           "get", "names", "owner", "register"]
+__all__ = [
+    "AttentionPosition", "AttentionTerms", "StochasticEmbedding", "Variant", "all_fields", "get",
+    "names", "owner", "register"
+]

@@ -12,21 +12,22 @@ from relpos import positions as positions_lib
 from relpos.variants import interface
 
 # absolute_type -> fixed encoding (positions [..., n], dim) -> [..., n, dim].
-FIXED_ENCODINGS = {"sinusoidal": positions_lib.sinusoidal_position_encoding,
-                   "t2t_timing_signal": positions_lib.t2t_timing_signal}
+FIXED_ENCODINGS = {
+    "sinusoidal": positions_lib.sinusoidal_position_encoding,
+    "t2t_timing_signal": positions_lib.t2t_timing_signal
+}
 ABSOLUTE_TYPES = ("sinusoidal", "learned", "t2t_timing_signal")
 
 
 class AbsolutePositionEncoding(nnx.Module):
   """Absolute encodings of token positions: a fixed encoding of `FIXED_ENCODINGS` or a learned
   [max_len, dim] table."""
-
   def __init__(self, absolute_type: str, dim: int, max_len: int, *, rngs: nnx.Rngs):
     self.dim = dim
     self.absolute_type = absolute_type
     self.max_len = max_len
-    self.table = (nnx.Param(nnx.initializers.normal(stddev=0.02)(rngs.params(), (max_len, dim)))
-                  if absolute_type == "learned" else None)
+    self.table = (nnx.Param(nnx.initializers.normal(
+        stddev=0.02)(rngs.params(), (max_len, dim))) if absolute_type == "learned" else None)
 
   def __call__(self, positions: jax.Array) -> jax.Array:
     """Encodings [batch or 1, n, dim] of integer positions [batch or 1, n]."""
@@ -41,19 +42,19 @@ class AbsolutePositionEncoding(nnx.Module):
 def check_encoding(config) -> None:
   """The model's rules for absolute encodings (an even emb_dim for the fixed ones)."""
   if config.absolute_type != "learned" and config.emb_dim % 2:
-    raise fields.invalid("model.emb_dim", config.emb_dim,
-                         "even for sinusoidal absolute encodings")
+    raise fields.invalid("model.emb_dim", config.emb_dim, "even for sinusoidal absolute encodings")
 
 
 def encoding(config, rngs: nnx.Rngs) -> AbsolutePositionEncoding:
   """The absolute encoding of `config.absolute_type` for one stack."""
-  return AbsolutePositionEncoding(config.absolute_type, config.emb_dim, config.max_len,
-                                  rngs=rngs)
+  return AbsolutePositionEncoding(config.absolute_type, config.emb_dim, config.max_len, rngs=rngs)
 
 
 # The fields of an absolute encoding; a variant that adds one lists them among its own.
-ENCODING_FIELDS = {"absolute_type": fields.Field("sinusoidal", fields.one_of(*ABSOLUTE_TYPES),
-                                                 "sinusoidal | t2t_timing_signal | learned")}
+ENCODING_FIELDS = {
+    "absolute_type": fields.Field("sinusoidal", fields.one_of(*ABSOLUTE_TYPES),
+                                  "sinusoidal | t2t_timing_signal | learned")
+}
 
 
 @interface.register("absolute")

@@ -9,7 +9,6 @@ from relpos.variants import interface
 
 class AlibiBias(interface.AttentionPosition):
   """The symmetric ALiBi bias of `relpos.positions.alibi_bias`."""
-
   def __init__(self, num_heads: int):
     self.num_heads = num_heads
 
@@ -18,8 +17,7 @@ class AlibiBias(interface.AttentionPosition):
       raise ValueError(f"the ALiBi bias has num_heads={self.num_heads}; the layer has "
                        f"num_heads={num_heads}.")
 
-  def terms(self, query_positions: jax.Array,
-            key_positions: jax.Array) -> interface.AttentionTerms:
+  def terms(self, query_positions: jax.Array, key_positions: jax.Array) -> interface.AttentionTerms:
     slopes = positions_lib.alibi_slopes(self.num_heads)
     return interface.AttentionTerms(
         bias=positions_lib.alibi_bias(query_positions, key_positions, slopes))
@@ -28,8 +26,6 @@ class AlibiBias(interface.AttentionPosition):
 @interface.register("alibi")
 class Alibi(interface.Variant):
   """The ALiBi bias in encoder and decoder self-attention."""
-
-  def self_attention(self, num_layers: int, *, causal: bool,
-                     rngs: nnx.Rngs) -> list[AlibiBias]:
+  def self_attention(self, num_layers: int, *, causal: bool, rngs: nnx.Rngs) -> list[AlibiBias]:
     del causal, rngs
     return [AlibiBias(self.config.num_heads)] * num_layers

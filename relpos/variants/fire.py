@@ -38,7 +38,6 @@ class FireBias(interface.AttentionPosition):
     threshold: nnx.Param [], L (used as max(L, 1)).
     hidden, out: the MLP [2] -> [hidden] -> [num_heads].
   """
-
   def __init__(self, num_heads: int, hidden: int, *, init_c: float, init_threshold: float,
                rngs: nnx.Rngs):
     self.num_heads = num_heads
@@ -52,8 +51,7 @@ class FireBias(interface.AttentionPosition):
       raise ValueError(f"the FIRE bias has num_heads={self.num_heads}; the layer has "
                        f"num_heads={num_heads}.")
 
-  def normalized_distances(self, query_positions: jax.Array,
-                           key_positions: jax.Array) -> jax.Array:
+  def normalized_distances(self, query_positions: jax.Array, key_positions: jax.Array) -> jax.Array:
     """psi(|i - j|) / psi(max(L, i, j)), float32 [batch or 1, q, k], in [0, 1]."""
     c = jnp.exp(self.log_c[...])
     threshold = jnp.maximum(self.threshold[...], 1.0)
@@ -71,8 +69,7 @@ class FireBias(interface.AttentionPosition):
     bias = self.out(nnx.relu(self.hidden(features)))  # [b, q, k, heads]
     return jnp.moveaxis(bias, -1, -3)  # [b, heads, q, k]
 
-  def terms(self, query_positions: jax.Array,
-            key_positions: jax.Array) -> interface.AttentionTerms:
+  def terms(self, query_positions: jax.Array, key_positions: jax.Array) -> interface.AttentionTerms:
     return interface.AttentionTerms(bias=self(query_positions, key_positions))
 
 
@@ -87,10 +84,10 @@ class Fire(interface.Variant):
                                           "initial L (learned): queries before L share psi(L)"),
   }
 
-  def self_attention(self, num_layers: int, *, causal: bool,
-                     rngs: nnx.Rngs) -> list[FireBias]:
+  def self_attention(self, num_layers: int, *, causal: bool, rngs: nnx.Rngs) -> list[FireBias]:
     del causal  # one form serves both: it is the paper's wherever j <= i
     config = self.config
-    return [FireBias(config.num_heads, config.fire_hidden, init_c=config.fire_init_c,
-                     init_threshold=config.fire_init_threshold, rngs=rngs)
-            for _ in range(num_layers)]
+    return [
+        FireBias(config.num_heads, config.fire_hidden, init_c=config.fire_init_c,
+                 init_threshold=config.fire_init_threshold, rngs=rngs) for _ in range(num_layers)
+    ]

@@ -53,8 +53,10 @@ class AttentionTerms:
 
   def kernel_arguments(self) -> dict[str, Any]:
     """Keyword arguments of `relative_dot_product_attention`."""
-    return {"bias": self.bias, "rel_key": self.rel_key, "rel_value": self.rel_value,
-            "max_distance": self.max_distance}
+    return {
+        "bias": self.bias, "rel_key": self.rel_key, "rel_value": self.rel_value,
+        "max_distance": self.max_distance
+    }
 
 
 class AttentionPosition(nnx.Module):
@@ -63,7 +65,6 @@ class AttentionPosition(nnx.Module):
   Positions are int32 [batch or 1, q_len] and [batch or 1, kv_len] (restarting per packed
   segment), queries and keys [batch, len, heads, head_dim] in the compute dtype.
   """
-
   def check_layer(self, num_heads: int, head_dim: int) -> None:
     """Raises ValueError if this module cannot serve a layer of this shape."""
 
@@ -78,8 +79,7 @@ class AttentionPosition(nnx.Module):
     del query_positions, key_positions
     return AttentionTerms()
 
-  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
-                     valid: np.ndarray) -> None:
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array, valid: np.ndarray) -> None:
     """Adds what this layer's position term learned to an encoder's `statistics`.
 
     `relpos.experiments.analysis.position_statistics` calls it once per encoder layer, in
@@ -104,7 +104,6 @@ class StochasticEmbedding(nnx.Module):
   module is called as `module(positions)`. With deterministic=True (evaluation, decoding) it
   must depend on each position alone, so that cached decoding equals the full pass.
   """
-
   def __call__(self, positions: jax.Array, *, deterministic: bool) -> jax.Array:
     """Encodings [batch, n, emb_dim] of positions int32 [batch, n]."""
     raise NotImplementedError
@@ -169,14 +168,17 @@ def register(name: str) -> Callable[[V], V]:
       raise ValueError(f"position variant {name!r} is already registered "
                        f"({_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}).")
     for other in _REGISTRY.values():
-      taken = {field for field in set(other.fields) & set(cls.fields)
-               if other.fields[field] is not cls.fields[field]}  # a shared Field is one field
+      taken = {
+          field for field in set(other.fields) & set(cls.fields)
+          if other.fields[field] is not cls.fields[field]
+      }  # a shared Field is one field
       if other.name != name and taken:
         raise ValueError(f"variant {name!r}: field model.{sorted(taken)[0]} is already a field "
                          f"of variant {other.name!r}.")
     cls.name = name
     _REGISTRY[name] = cls
     return cls
+
   return decorate
 
 

@@ -29,7 +29,6 @@ from relpos.variants import shape
 
 class RandomizedEncoding(interface.StochasticEmbedding):
   """Fixed absolute encodings at sorted random positions in training, stride * i otherwise."""
-
   def __init__(self, absolute_type: str, dim: int, max_position: int, eval_stride: int, *,
                rngs: nnx.Rngs):
     self.absolute_type = absolute_type
@@ -56,8 +55,8 @@ class Randomized(interface.Variant):
       **absolute.ENCODING_FIELDS,
       "randomized_max_position": fields.Field(
           2048, fields.integer(1), "L: training positions are drawn from 0..L-1 (>= max_len)"),
-      "randomized_eval_stride": fields.Field(
-          1, fields.integer(1), "evaluation positions are stride * (0, 1, ...)"),
+      "randomized_eval_stride": fields.Field(1, fields.integer(1),
+                                             "evaluation positions are stride * (0, 1, ...)"),
   }
 
   @classmethod
@@ -69,6 +68,5 @@ class Randomized(interface.Variant):
 
   def embedding(self, *, rngs: nnx.Rngs) -> RandomizedEncoding:
     config = self.config
-    return RandomizedEncoding(config.absolute_type, config.emb_dim,
-                              config.randomized_max_position, config.randomized_eval_stride,
-                              rngs=rngs)
+    return RandomizedEncoding(config.absolute_type, config.emb_dim, config.randomized_max_position,
+                              config.randomized_eval_stride, rngs=rngs)

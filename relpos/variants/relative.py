@@ -31,7 +31,6 @@ class RelativePositionTables(interface.AttentionPosition):
     rel_key: nnx.Param [2k+1, depth] or [heads, 2k+1, depth], or None when a^K is off.
     rel_value: the same for a^V.
   """
-
   def __init__(self, max_distance: int, depth: int, *, num_heads: int | None = None,
                use_key: bool = True, use_value: bool = True, rngs: nnx.Rngs):
     if not isinstance(max_distance, int) or max_distance < 0:
@@ -49,7 +48,7 @@ class RelativePositionTables(interface.AttentionPosition):
     shape = (2 * max_distance + 1, depth)
     if num_heads is not None:
       shape = (num_heads, *shape)
-    init = nnx.initializers.normal(stddev=depth ** -0.5)
+    init = nnx.initializers.normal(stddev=depth**-0.5)
     self.rel_key = nnx.Param(init(rngs.params(), shape)) if use_key else None
     self.rel_value = nnx.Param(init(rngs.params(), shape)) if use_value else None
 
@@ -59,16 +58,14 @@ class RelativePositionTables(interface.AttentionPosition):
                        f"have depth {head_dim} (qkv_dim / num_heads) and num_heads None or "
                        f"{num_heads}.")
 
-  def terms(self, query_positions: jax.Array,
-            key_positions: jax.Array) -> interface.AttentionTerms:
+  def terms(self, query_positions: jax.Array, key_positions: jax.Array) -> interface.AttentionTerms:
     del query_positions, key_positions  # the kernel reads the tables at these positions
     return interface.AttentionTerms(
         rel_key=None if self.rel_key is None else self.rel_key[...],
         rel_value=None if self.rel_value is None else self.rel_value[...],
         max_distance=self.max_distance)
 
-  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
-                     valid: np.ndarray) -> None:
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array, valid: np.ndarray) -> None:
     """With a^K: appends this layer's row of "qak_by_offset" ([layer][2k+1]: the mean over
     tokens and heads of the logit a^K adds at offset d = -k..k, q_i . a^K[d] / sqrt(depth))
     and sets "max_distance" (k)."""
@@ -79,10 +76,10 @@ class RelativePositionTables(interface.AttentionPosition):
     # [batch, heads, n, 2k+1]
     query_positions = jnp.zeros((1, length), jnp.int32)
     key_positions = jnp.arange(-k, k + 1, dtype=jnp.int32)[None]
-    distances = distances_lib.distances_of(query_positions, key_positions, None, length,
-                                           2 * k + 1, k)
+    distances = distances_lib.distances_of(query_positions, key_positions, None, length, 2 * k + 1,
+                                           k)
     logits = distances_lib.relative_logits(distances_lib.heads_first(query), self.rel_key[...],
-                                           distances, k) * query.shape[-1] ** -0.5
+                                           distances, k) * query.shape[-1]**-0.5
     logits = np.ascontiguousarray(np.moveaxis(np.asarray(logits), 1, 2))  # [batch, n, heads, 2k+1]
     mean = (logits * valid[:, :, None, None]).sum((0, 1, 2)) / (valid.sum() * logits.shape[2])
     statistics.setdefault("qak_by_offset", []).append(mean.tolist())
@@ -111,10 +108,11 @@ class Relative(interface.Variant):
     if config.add_absolute:
       absolute.check_encoding(config)
     if not (config.relative_key or config.relative_value):
-      raise fields.invalid("model.relative_key", config.relative_key,
-                           "True when model.relative_value=False under model.position="
-                           "'relative' (a^K and a^V cannot both be off; use position='none' "
-                           "for neither)")
+      raise fields.invalid(
+          "model.relative_key", config.relative_key,
+          "True when model.relative_value=False under model.position="
+          "'relative' (a^K and a^V cannot both be off; use position='none' "
+          "for neither)")
 
   @classmethod
   def value_table_field(cls, config) -> str | None:
@@ -126,10 +124,10 @@ class Relative(interface.Variant):
 
   def _tables(self, rngs: nnx.Rngs) -> RelativePositionTables:
     config = self.config
-    return RelativePositionTables(
-        config.max_relative_position, config.head_dim,
-        num_heads=config.num_heads if config.relative_per_head else None,
-        use_key=config.relative_key, use_value=config.relative_value, rngs=rngs)
+    return RelativePositionTables(config.max_relative_position, config.head_dim,
+                                  num_heads=config.num_heads if config.relative_per_head else None,
+                                  use_key=config.relative_key, use_value=config.relative_value,
+                                  rngs=rngs)
 
   def embedding(self, *, rngs: nnx.Rngs) -> absolute.AbsolutePositionEncoding | None:
     return absolute.encoding(self.config, rngs) if self.config.add_absolute else None

@@ -10,7 +10,6 @@ from relpos.variants import interface
 
 class Rotary(interface.AttentionPosition):
   """Rotates queries and keys (`relpos.positions.apply_rope`, rotate-half layout)."""
-
   def __init__(self, base: float):
     self.base = base
 
@@ -32,11 +31,11 @@ class Rope(interface.Variant):
   @classmethod
   def check(cls, config) -> None:
     if config.head_dim % 2:
-      raise fields.invalid("model.qkv_dim", config.qkv_dim,
-                           f"a multiple of 2 * model.num_heads={2 * config.num_heads} under "
-                           f"model.position='rope' (even head dim)")
+      raise fields.invalid(
+          "model.qkv_dim", config.qkv_dim,
+          f"a multiple of 2 * model.num_heads={2 * config.num_heads} under "
+          f"model.position='rope' (even head dim)")
 
-  def self_attention(self, num_layers: int, *, causal: bool,
-                     rngs: nnx.Rngs) -> list[Rotary]:
+  def self_attention(self, num_layers: int, *, causal: bool, rngs: nnx.Rngs) -> list[Rotary]:
     del causal, rngs
     return [Rotary(self.config.rope_base)] * num_layers

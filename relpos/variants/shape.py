@@ -19,7 +19,6 @@ from relpos.variants import interface
 
 class ShiftedEncoding(interface.StochasticEmbedding):
   """Fixed absolute encodings, at positions shifted per segment in training."""
-
   def __init__(self, absolute_type: str, dim: int, max_shift: int, *, rngs: nnx.Rngs):
     self.absolute_type = absolute_type
     self.dim = dim
@@ -36,18 +35,20 @@ class ShiftedEncoding(interface.StochasticEmbedding):
 def check_fixed_encoding(config, variant: str) -> None:
   """Rules of a variant that draws positions beyond the table: a fixed, even encoding."""
   if config.absolute_type not in absolute.FIXED_ENCODINGS:
-    raise fields.invalid("model.absolute_type", config.absolute_type,
-                         f"one of {', '.join(map(repr, absolute.FIXED_ENCODINGS))} under "
-                         f"model.position={variant!r}")
+    raise fields.invalid(
+        "model.absolute_type", config.absolute_type,
+        f"one of {', '.join(map(repr, absolute.FIXED_ENCODINGS))} under "
+        f"model.position={variant!r}")
   absolute.check_encoding(config)
 
 
 @interface.register("shape")
 class Shape(interface.Variant):
   """Shifted absolute encodings added to the embeddings; nothing inside attention."""
-  fields = {**absolute.ENCODING_FIELDS,
-            "shape_max_shift": fields.Field(500, fields.integer(0),
-                                            "K: training offsets are drawn from 0..K")}
+  fields = {
+      **absolute.ENCODING_FIELDS, "shape_max_shift": fields.Field(
+          500, fields.integer(0), "K: training offsets are drawn from 0..K")
+  }
 
   @classmethod
   def check(cls, config) -> None:

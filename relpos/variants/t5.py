@@ -19,7 +19,6 @@ class T5RelativeBias(interface.AttentionPosition):
     num_heads, num_buckets, max_distance, bidirectional: as in `t5_relative_position_bucket`.
     embedding: nnx.Param [num_buckets, num_heads].
   """
-
   def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128,
                bidirectional: bool, rngs: nnx.Rngs):
     if num_heads < 1:
@@ -45,9 +44,9 @@ class T5RelativeBias(interface.AttentionPosition):
       float32 [batch, heads, q_len, kv_len].
     """
     buckets = positions_lib.t5_relative_position_bucket(
-        positions_lib.relative_positions(query_positions, key_positions),
-        bidirectional=self.bidirectional, num_buckets=self.num_buckets,
-        max_distance=self.max_distance)
+        positions_lib.relative_positions(query_positions,
+                                         key_positions), bidirectional=self.bidirectional,
+        num_buckets=self.num_buckets, max_distance=self.max_distance)
     return jnp.moveaxis(self.embedding[...][buckets], -1, -3)
 
   def check_layer(self, num_heads: int, head_dim: int) -> None:
@@ -55,12 +54,10 @@ class T5RelativeBias(interface.AttentionPosition):
       raise ValueError(f"the T5 bias has num_heads={self.num_heads}; the layer has "
                        f"num_heads={num_heads}.")
 
-  def terms(self, query_positions: jax.Array,
-            key_positions: jax.Array) -> interface.AttentionTerms:
+  def terms(self, query_positions: jax.Array, key_positions: jax.Array) -> interface.AttentionTerms:
     return interface.AttentionTerms(bias=self(query_positions, key_positions))
 
-  def add_statistics(self, statistics: dict[str, Any], query: jax.Array,
-                     valid: np.ndarray) -> None:
+  def add_statistics(self, statistics: dict[str, Any], query: jax.Array, valid: np.ndarray) -> None:
     """"t5_bias": the first layer's bias table [buckets][heads] (the encoder's, bidirectional
     buckets)."""
     del query, valid
@@ -84,9 +81,10 @@ class T5(interface.Variant):
     if config.t5_num_buckets < 4:
       raise fields.invalid("model.t5_num_buckets", config.t5_num_buckets, "an integer >= 4")
     if config.t5_max_distance <= config.t5_num_buckets // 2:
-      raise fields.invalid("model.t5_max_distance", config.t5_max_distance,
-                           f"an integer > model.t5_num_buckets // 2 = "
-                           f"{config.t5_num_buckets // 2}")
+      raise fields.invalid(
+          "model.t5_max_distance", config.t5_max_distance,
+          f"an integer > model.t5_num_buckets // 2 = "
+          f"{config.t5_num_buckets // 2}")
 
   def self_attention(self, num_layers: int, *, causal: bool,
                      rngs: nnx.Rngs) -> list[T5RelativeBias]:
@@ -94,6 +92,7 @@ class T5(interface.Variant):
       return T5RelativeBias(self.config.num_heads, num_buckets=self.config.t5_num_buckets,
                             max_distance=self.config.t5_max_distance, bidirectional=not causal,
                             rngs=rngs)
+
     if self.config.t5_shared_across_layers:
       return [bias()] * num_layers
     return [bias() for _ in range(num_layers)]
