@@ -6,6 +6,7 @@ import unicodedata
 
 import pytest
 
+from relpos.experiments import report
 from tools import readme_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -102,3 +103,13 @@ def test_table_selection_and_transpose(tmp_path, monkeypatch):
       "old\n", "| row | r2 |\n| --- | --- |\n| y | 4 |\n")
   with pytest.raises(ValueError, match="no column 'z'"):
     readme_tables.rebuild(marked.replace("row|y", "row|z"))
+
+
+@pytest.mark.parametrize(
+    "folder", sorted(p.parent.name for p in (ROOT / "docs" / "results").glob("*/results.json")))
+def test_committed_tables_rebuild_from_their_results(folder, tmp_path):
+  """Every committed table.md is what the report writes from its results.json today."""
+  results = ROOT / "docs" / "results" / folder
+  report.write_table(str(results / "results.json"), str(tmp_path / "table.md"))
+  assert ((tmp_path / "table.md").read_text(encoding="utf-8") == (results / "table.md").read_text(
+      encoding="utf-8")), (f"rebuild {results}/table.md: relpos.experiments.report.write_table")
