@@ -34,7 +34,7 @@ from flax import nnx
 from benchmarks import common
 from relpos import attention as attention_lib
 from relpos import model as model_lib
-from relpos import model_config
+from relpos import model_config as model_config_lib
 from relpos import positions
 from relpos import variants
 from relpos.kernels import fused
@@ -88,21 +88,21 @@ def packed_layout(batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
   return np.tile(positions_row, (batch, 1)), np.tile(segments_row, (batch, 1))
 
 
-def model_config(variant: str, max_distance: int, dtype: Any) -> model_config.TransformerConfig:
+def layer_config(variant: str, max_distance: int, dtype: Any) -> model_config_lib.TransformerConfig:
   """The model config of a benchmark variant: HEADS heads of depth DEPTH, no dropout."""
   position, fields = POSITIONS[variant]
   values = {
-      **model_config.default_config().to_dict(), "position": position, "num_heads": HEADS,
+      **model_config_lib.default_config().to_dict(), "position": position, "num_heads": HEADS,
       "qkv_dim": HEADS * DEPTH, "emb_dim": HEADS * DEPTH, "attention_dropout_rate": 0.0,
       "dtype": jnp.dtype(dtype).name, "max_relative_position": max_distance, **fields
   }
-  return model_config.TransformerConfig.from_config(values, vocab_size=2)
+  return model_config_lib.TransformerConfig.from_config(values, vocab_size=2)
 
 
 def build_layer(variant: str, max_distance: int, dtype: Any = jnp.float32,
                 seed: int = 0) -> attention_lib.MultiHeadAttention:
   """A decoder self-attention layer of `variant`, built by its registered position variant."""
-  config = model_config(variant, max_distance, dtype)
+  config = layer_config(variant, max_distance, dtype)
   rngs = nnx.Rngs(params=seed)
   position = variants.get(config.position)(config).self_attention(1, causal=True, rngs=rngs)[0]
   return model_lib._attention(config, position, rngs=rngs)  # pylint: disable=protected-access

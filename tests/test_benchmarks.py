@@ -26,7 +26,7 @@ def test_attention_variants_match_their_references():
 
 def test_attention_variants_are_the_registered_layers():
   for variant, (position, _) in attention.POSITIONS.items():
-    config = attention.model_config(variant, 2, jnp.float32)
+    config = attention.layer_config(variant, 2, jnp.float32)
     layer = attention.build_layer(variant, 2)
     expected = variants.get(position)(config).self_attention(1, causal=True, rngs=nnx.Rngs(0))[0]
     assert type(layer.position) is type(expected) and config.position == position

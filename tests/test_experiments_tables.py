@@ -47,10 +47,10 @@ def test_the_length_table_rows_and_their_task_fields():
   assert tables.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
                                      "randomized", "rel_kv_concat")
   assert tables.row_in_table("rel_k", "length") and not tables.row_in_table("k=4", "length")
-  config = tables.run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
+  config = tables.one_run_config("rel_kv_concat", 2, "synthetic", {"train.num_steps": 3})
   assert (config.seed, config.train.num_steps) == (2, 3)
   assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
-  override = tables.run_config("rel_kv_concat", 0, "synthetic",
+  override = tables.one_run_config("rel_kv_concat", 0, "synthetic",
                                {"task.concat_probability": 0.0})  # the command line wins
   assert override.task.concat_probability == 0.0
 

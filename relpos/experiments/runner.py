@@ -97,7 +97,7 @@ def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
 def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | None) -> None:
   """Builds (or opens) the TFDS dataset and the tokenizer of every run's task, once each."""
   for run in runs:
-    pipeline.get_task(tables.run_config(run.row, run.seed, task, overrides).task)
+    pipeline.get_task(tables.one_run_config(run.row, run.seed, task, overrides).task)
 
 
 def _duration(seconds: float) -> str:
@@ -222,7 +222,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
     if not os.path.exists(run.result):
       pending.append(run)
       continue
-    requested = config_lib.validate(tables.run_config(run.row, run.seed, task, overrides))
+    requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
     differences = _differences_from_request(run, requested)
     if not differences:
       print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
@@ -286,7 +286,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
                        f"{', '.join(tables.TABLES[table])}{any_k}.")
   for row in rows:  # every config valid before any work
-    config_lib.validate(tables.run_config(row, seeds[0], task, overrides))
+    config_lib.validate(tables.one_run_config(row, seeds[0], task, overrides))
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)

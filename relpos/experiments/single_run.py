@@ -159,7 +159,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   Returns None, writing nothing, when SIGTERM stopped it: during training after its checkpoint,
   during the final evaluation at once (its training is saved; a rerun evaluates it).
   """
-  config = tables.run_config(row, seed, task, overrides)
+  config = tables.one_run_config(row, seed, task, overrides)
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir, lock_file=LOCK_FILE, wait=True):
     if os.path.exists(os.path.join(workdir, results.RESULT_FILE)):

@@ -181,8 +181,8 @@ def row_config(row: str, task: str) -> ml_collections.ConfigDict:
   return config
 
 
-def run_config(row: str, seed: int, task: str,
-               overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+def one_run_config(row: str, seed: int, task: str,
+                   overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
   """The config of one run: the row on `task`, seeded, with dotted-key overrides.
 
   Raises:
