@@ -51,7 +51,7 @@ def test_the_length_table_rows_and_their_task_fields():
   assert (config.seed, config.train.num_steps) == (2, 3)
   assert (config.model.position, config.task.concat_probability) == ("relative", 0.5)
   override = tables.one_run_config("rel_kv_concat", 0, "synthetic",
-                               {"task.concat_probability": 0.0})  # the command line wins
+                                   {"task.concat_probability": 0.0})  # the command line wins
   assert override.task.concat_probability == 0.0
 
 
