@@ -254,8 +254,10 @@ def read(path: str) -> RunConfig:
     ValueError: naming the file, when it is not JSON, not a config or not a valid one.
   """
   data = json_files.read_json(path)
-  if not isinstance(data, dict):
-    raise ValueError(f"{path} does not hold a config: it holds a {type(data).__name__}.")
+  try:
+    data = ml_collections.ConfigDict(data)  # refuses what is no config (e.g. "__reduce__")
+  except (AttributeError, TypeError, ValueError) as e:
+    raise ValueError(f"{path} does not hold a config: {e}") from None
   try:
     return validate(data)
   except ValueError as e:

@@ -175,8 +175,9 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
 
 def _differences_from_request(run: Run, requested: config_lib.RunConfig) -> list[tuple]:
   """`run_config.result_differences` between a finished run's config and `requested`."""
+  saved = results.read_result(run.result)["config"]  # names the file when it is damaged
   try:
-    saved = config_lib.validate(results.read_result(run.result)["config"])
+    saved = config_lib.validate(saved)
   except ValueError as e:
     raise ValueError(f"{run.result}: {e}") from None
   return config_lib.result_differences(saved, requested)
