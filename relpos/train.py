@@ -34,6 +34,7 @@ from relpos import source_tree
 from relpos import steps as steps_lib
 from relpos import train_state
 from relpos import user_modules
+from relpos import variants
 from relpos.data import pipeline
 from relpos.preemption import Preemption
 
@@ -205,7 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
       state = _initial_state(config, steps, manager, train_iterator)
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       run_config.write_to(config, workdir)
-      user_modules.write_imports(workdir)
+      user_modules.write_imports(workdir, variants.get(config.model.position).__module__)
       metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
     finally:

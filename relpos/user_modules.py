@@ -95,12 +95,25 @@ def imported() -> list[str]:
   return list(_IMPORTED)
 
 
-def write_imports(workdir: str) -> None:
-  """Records `imported()` as `workdir/imports.json` (process 0; nothing when empty), so that
-  evaluation imports the same modules."""
-  if jax.process_index() != 0 or not _IMPORTED:
+def _module_name(recorded: str) -> str:
+  """The name an imported module has in sys.modules (a .py file: its name without .py)."""
+  return os.path.splitext(os.path.basename(recorded))[0] if _is_file(recorded) else recorded
+
+
+def write_imports(workdir: str, needed: str | None = None) -> None:
+  """Records in `workdir/imports.json` (process 0; no file when none) the modules evaluation
+  must import again: with `needed` (the module that defines the run's position variant), that
+  one of `imported()` alone, none for a variant of relpos itself, and all of them when it is
+  none of them (imported by one of them); without `needed`, all of them."""
+  if jax.process_index() != 0:
     return
-  json_files.write_json(os.path.join(workdir, workdir_files.IMPORTS_FILE), _IMPORTED, indent=2)
+  modules = list(_IMPORTED)
+  if needed is not None and needed.split(".")[0] == "relpos":
+    modules = []
+  elif needed is not None and needed in map(_module_name, modules):
+    modules = [m for m in modules if _module_name(m) == needed]
+  if modules:
+    json_files.write_json(os.path.join(workdir, workdir_files.IMPORTS_FILE), modules, indent=2)
 
 
 def import_recorded(workdir: str) -> None:

@@ -19,6 +19,13 @@ def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
   workdir.mkdir()
   user_modules.write_imports(str(workdir))
   assert json.loads((workdir / workdir_files.IMPORTS_FILE).read_text()) == [str(module), "json"]
+  # A run records only the module of its variant: an `abs` run none, a `mine` run that one.
+  for needed, recorded in (("relpos.variants.absolute", None), ("mine", [str(module)]), ("json",
+                                                                                         ["json"])):
+    (workdir / workdir_files.IMPORTS_FILE).unlink(missing_ok=True)
+    user_modules.write_imports(str(workdir), needed)
+    path = workdir / workdir_files.IMPORTS_FILE
+    assert (json.loads(path.read_text()) if path.exists() else None) == recorded
   user_modules.import_recorded(str(workdir))  # the same modules again: nothing changes
   assert user_modules.imported() == [str(module), "json"]
   (workdir / workdir_files.IMPORTS_FILE).write_text('{"not": "a list"}')
