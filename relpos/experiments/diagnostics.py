@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import sacrebleu
 from flax import nnx
 
 from relpos import evaluate
+from relpos import run_config
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -103,7 +103,7 @@ def length_statistics(tokenizer: tokenizer_lib.Tokenizer, sources: Sequence[str]
 
 
 def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
-                         config: ml_collections.ConfigDict, *,
+                         config: run_config.RunConfig, *,
                          mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """Scores of a split translated at the references' lengths (oracle-length decoding).
 

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 from flax import nnx
@@ -60,7 +59,7 @@ def validation_curve(workdir: str) -> list[list[float]]:
 
 
 def score_checkpoint(
-    workdir: str, config: ml_collections.ConfigDict, task: pipeline.Task, checkpoint: str,
+    workdir: str, config: run_config.RunConfig, task: pipeline.Task, checkpoint: str,
     mesh: jax.sharding.Mesh
 ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict], dict[str, dict]]:
   """Scores one checkpoint choice of a run ("best", "latest", "average:N") on the validation
@@ -85,7 +84,7 @@ def score_checkpoint(
   return model, scores, by_length, lengths
 
 
-def length_diagnostics(model: nnx.Module, config: ml_collections.ConfigDict, task: pipeline.Task,
+def length_diagnostics(model: nnx.Module, config: run_config.RunConfig, task: pipeline.Task,
                        mesh: jax.sharding.Mesh) -> dict[str, Any]:
   """The length diagnostics of `relpos.experiments.diagnostics` on every test split.
 
