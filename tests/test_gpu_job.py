@@ -121,6 +121,18 @@ def test_check_returnable_refuses_a_file_over_16_mib(tmp_path):
     gpu_job.check_returnable(str(tmp_path))
 
 
+def test_the_return_limits_are_options(tmp_path):
+  args, _ = gpu_job.parse_args(
+      ["tests", f"--out={tmp_path}", "--max_files=2", "--max_file_mib=0.5", "--max_depth=0"])
+  assert (args.max_files, args.max_file_mib, args.max_depth) == (2, 0.5, 0)
+  for name in ("a.txt", "b.txt", "c.txt"):
+    (tmp_path / name).write_text("x")
+  with pytest.raises(ValueError, match="3 files, over 2"):
+    gpu_job.check_returnable(str(tmp_path), gpu_job.ReturnLimits(files=2))
+  (tmp_path / "c.txt").unlink()
+  assert len(gpu_job.check_returnable(str(tmp_path), gpu_job.ReturnLimits(files=2))) == 2
+
+
 def test_job_flags_and_the_arguments_passed_on(tmp_path):
   args, extra = gpu_job.parse_args(
       ["multi30k_k_sweep", f"--out={tmp_path}", "--parallel=2", "--", "--seeds=3"])

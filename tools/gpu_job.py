@@ -5,7 +5,8 @@ r"""One job on a bare, offline GPU host: install the carried wheels, run, pack t
 The host is one with no internet and a time limit per job (e.g. a cluster's compute node): it
 takes the working tree and `bundle/` (made by `tools.gpu_bundle`) in and gives back what the job
 writes under --out ($OUT). --budget_s is the job's time limit less a margin; the output is
-checked against MAX_FILES files of at most MAX_FILE_BYTES (MAX_TOTAL_BYTES in all). This program
+checked against what the host gives back: --max_files files of at most --max_file_mib
+(--max_total_mib in all), --max_depth folders deep. This program
 uses the standard library alone, so it runs before the wheels are in. It
 
 1. installs `bundle/wheels/*.whl` into /tmp/site (no index, no dependencies) for its children,
@@ -49,7 +50,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLE_DIR = os.path.join(ROOT, "bundle")
@@ -62,6 +63,16 @@ MAX_FILES = 8
 MAX_FILE_BYTES = 16 * 2**20
 MAX_TOTAL_BYTES = 64 * 2**20
 MAX_DEPTH = 2  # folders below $OUT
+
+
+class ReturnLimits(NamedTuple):
+  """What the host gives back of --out (the defaults: --max_files and the others)."""
+  files: int = MAX_FILES
+  file_bytes: int = MAX_FILE_BYTES
+  total_bytes: int = MAX_TOTAL_BYTES
+  depth: int = MAX_DEPTH
+
+
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_LOG_BYTES = 8 * 2**20  # job.log keeps its head and its tail beyond this
 LOG_HEAD_BYTES = 2**20
@@ -344,7 +355,7 @@ def trim_log(path: str, limit: int = MAX_LOG_BYTES, head: int = LOG_HEAD_BYTES) 
     f.write(start + marker + end)
 
 
-def check_returnable(out: str) -> dict[str, int]:
+def check_returnable(out: str, limits: ReturnLimits = ReturnLimits()) -> dict[str, int]:
   """The files under `out` (relative path -> bytes), as the host gives them back.
 
   Raises:
@@ -359,19 +370,20 @@ def check_returnable(out: str) -> dict[str, int]:
     for name in filenames:
       path = os.path.join(dirpath, name)
       relative = os.path.relpath(path, out)
-      if relative.count(os.sep) > MAX_DEPTH:
-        raise ValueError(f"{path}: more than {MAX_DEPTH} folders below {out}.")
+      if relative.count(os.sep) > limits.depth:
+        raise ValueError(f"{path}: more than {limits.depth} folders below {out}.")
       sizes[relative] = os.path.getsize(path)
-      if sizes[relative] > MAX_FILE_BYTES:
-        raise ValueError(f"{path}: {sizes[relative]} bytes, over {MAX_FILE_BYTES}.")
-  if len(sizes) > MAX_FILES:
-    raise ValueError(f"{out}: {len(sizes)} files, over {MAX_FILES}.")
-  if sum(sizes.values()) > MAX_TOTAL_BYTES:
-    raise ValueError(f"{out}: {sum(sizes.values())} bytes in all, over {MAX_TOTAL_BYTES}.")
+      if sizes[relative] > limits.file_bytes:
+        raise ValueError(f"{path}: {sizes[relative]} bytes, over {limits.file_bytes}.")
+  if len(sizes) > limits.files:
+    raise ValueError(f"{out}: {len(sizes)} files, over {limits.files}.")
+  if sum(sizes.values()) > limits.total_bytes:
+    raise ValueError(f"{out}: {sum(sizes.values())} bytes in all, over {limits.total_bytes}.")
   return sizes
 
 
-def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Log) -> None:
+def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Log,
+         limits: ReturnLimits = ReturnLimits()) -> None:
   """Copies the job's files, the table's archive and `summary` (completed) into `out`."""
   for path in job.files:
     if os.path.exists(path):
@@ -379,7 +391,7 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
   if job.table_dir and os.path.isdir(job.table_dir):
     finished, unfinished = table_runs(job.table_dir)
     left_out = write_archive(table_files(job.table_dir), results_root,
-                             os.path.join(out, ARCHIVE_NAME))
+                             os.path.join(out, ARCHIVE_NAME), limits.file_bytes)
     progress = {
         n: run_progress(os.path.join(job.table_dir, "runs", n, "run.log")) for n in unfinished
     }
@@ -395,8 +407,8 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
   trim_log(log.path)
   summary_path = os.path.join(out, SUMMARY_NAME)
   _write_json(summary_path, summary)  # first, so that the check counts it
-  _write_json(summary_path, {**summary, "returned": sorted(check_returnable(out))})
-  for name, size in check_returnable(out).items():
+  _write_json(summary_path, {**summary, "returned": sorted(check_returnable(out, limits))})
+  for name, size in check_returnable(out, limits).items():
     print(f"gpu_job: returning {name} ({size} bytes)")
 
 
@@ -421,6 +433,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
       "'' for none (the packages installed already)")
   parser.add_argument("--site", default="/tmp/site", help="where the wheels are installed")
   parser.add_argument("--data_dir", default=DATA_DIR, help="the prepared datasets")
+  parser.add_argument("--max_files", type=int, default=MAX_FILES,
+                      help="files the host gives back of --out")
+  parser.add_argument("--max_file_mib", type=float, default=MAX_FILE_BYTES / 2**20,
+                      help="MiB of one file the host gives back")
+  parser.add_argument("--max_total_mib", type=float, default=MAX_TOTAL_BYTES / 2**20,
+                      help="MiB the host gives back in all")
+  parser.add_argument("--max_depth", type=int, default=MAX_DEPTH,
+                      help="folders below --out the host gives back")
   parser.add_argument("--results_root", default=None, help=f"default: {RESULTS_DIR}, or a "
                       "temporary folder for a dry run")
   args, extra = parser.parse_known_args(argv)
@@ -467,7 +487,9 @@ def main(argv: list[str]) -> int:
                 time.monotonic() + PACK_RESERVE_S / 2, log, grace_s=1.0)
   summary.update(exit_status=status, wall_s=round(time.monotonic() - start, 1))
   log.say(f"exit status {status} after {summary['wall_s']} s; packing into {args.out}.")
-  pack(job, args.out, results_root, summary, log)
+  limits = ReturnLimits(args.max_files, int(args.max_file_mib * 2**20),
+                        int(args.max_total_mib * 2**20), args.max_depth)
+  pack(job, args.out, results_root, summary, log, limits)
   if temporary:
     shutil.rmtree(results_root)
   return 0 if status == 0 else 1
