@@ -156,7 +156,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def check_cudnn(config: TransformerConfig) -> None:
   """What cuDNN's fused attention needs of the whole model, in the words of its fields: the
-  conditions are `relpos.kernels.fused.cudnn_unsupported`'s (lengths are checked per call).
+  conditions are `relpos.kernels.fused.cudnn_requirement`'s (lengths are checked per call).
 
   Raises:
     ValueError: naming the field that keeps cuDNN from running.

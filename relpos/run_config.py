@@ -228,17 +228,33 @@ def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig
                    decode=ml_collections.FrozenConfigDict(sections["decode"]))
 
 
+def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> None:
+  """Sets dotted fields of `config` in place, e.g. {"task.concat_probability": 0.5}.
+
+  Raises:
+    ValueError: for a field the config lacks, or a value of another type than the field's.
+  """
+  for name, value in dotted.items():
+    parent = config
+    *path, leaf = name.split(".")
+    for part in path:
+      if part not in parent:
+        raise ValueError(f"override {name!r}: no config field {part!r}.")
+      parent = parent[part]
+    if leaf not in parent:
+      raise ValueError(f"override {name!r}: no config field {leaf!r}.")
+    try:
+      parent[leaf] = value
+    except TypeError:  # ConfigDict refuses a value of another type
+      raise ValueError(f"override {name}={value!r}: the field holds "
+                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
+
+
 def replace(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
-  """`config` with the fields at dotted paths set (e.g. {"decode.beam_size": 5}), validated."""
-  data = config.to_dict()
-  for path, value in values.items():
-    *sections, name = path.split(".")
-    node = data
-    for section in sections:
-      node = node[section]
-    if name not in node:
-      raise ValueError(f"unknown config field {path}.")
-    node[name] = value
+  """`config` with the fields at dotted paths set (`set_fields`, e.g. {"decode.beam_size": 5}),
+  validated."""
+  data = ml_collections.ConfigDict(config.to_dict())
+  set_fields(data, values)
   return validate(data)
 
 

@@ -206,12 +206,12 @@ def test_a_row_sets_task_fields_and_overrides_come_after_it():
     concat.task.concat_probability = 0.0
     assert concat.to_dict() == rel_kv.to_dict()  # the task field is all that differs
   config = ablation.get_config("rel_kv_concat")
-  tables.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
+  run_config.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
   assert (config.task.concat_probability, config.train.num_steps) == (0.25, 7)
   with pytest.raises(ValueError, match="no config field 'concat'"):
-    tables.set_fields(config, {"task.concat": 0.5})
+    run_config.set_fields(config, {"task.concat": 0.5})
   with pytest.raises(ValueError, match="holds int values"):
-    tables.set_fields(config, {"train.num_steps": "many"})
+    run_config.set_fields(config, {"train.num_steps": "many"})
   for row, base in tables.LENGTH_BASES:
     assert {row, base} <= set(tables.LENGTH_ROWS)
 

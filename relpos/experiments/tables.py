@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from relpos import run_config
 from relpos import source_tree
 from relpos import variants
 
@@ -147,28 +148,6 @@ def row_in_table(row: str, table: str) -> bool:
                                   (row in ROWS or row in variant_rows()))
 
 
-def set_fields(config: ml_collections.ConfigDict, dotted: dict[str, Any]) -> None:
-  """Sets dotted fields of `config` in place, e.g. {"task.concat_probability": 0.5}.
-
-  Raises:
-    ValueError: for a field the config lacks, or a value of another type than the field's.
-  """
-  for name, value in dotted.items():
-    parent = config
-    *path, leaf = name.split(".")
-    for part in path:
-      if part not in parent:
-        raise ValueError(f"override {name!r}: no config field {part!r}.")
-      parent = parent[part]
-    if leaf not in parent:
-      raise ValueError(f"override {name!r}: no config field {leaf!r}.")
-    try:
-      parent[leaf] = value
-    except TypeError:  # ConfigDict refuses a value of another type
-      raise ValueError(f"override {name}={value!r}: the field holds "
-                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
-
-
 def row_config(row: str, task: str) -> ml_collections.ConfigDict:
   """The config of `row` on `task`: the task's base config with the row's fields.
 
@@ -177,7 +156,7 @@ def row_config(row: str, task: str) -> ml_collections.ConfigDict:
   """
   config = task_config(task)
   config.model.update(row_overrides(row))
-  set_fields(config, ROW_FIELDS.get(row, {}))
+  run_config.set_fields(config, ROW_FIELDS.get(row, {}))
   return config
 
 
@@ -190,7 +169,7 @@ def one_run_config(row: str, seed: int, task: str,
   """
   config = row_config(row, task)
   config.seed = seed
-  set_fields(config, overrides or {})
+  run_config.set_fields(config, overrides or {})
   return config
 
 
