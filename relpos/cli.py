@@ -19,13 +19,13 @@ from relpos import distributed
 from relpos import locks
 from relpos import prng
 from relpos import source_tree
-from relpos import train
+from relpos import recorder
 from relpos import user_modules
 
 Result = TypeVar("Result")
 # What a user's input, the state of a workdir or the machine (a full disk, a folder without
 # write permission) can cause: one line, no traceback.
-USER_ERRORS = (ValueError, OSError, locks.WorkdirInUseError, train.NonFiniteError)
+USER_ERRORS = (ValueError, OSError, locks.WorkdirInUseError, recorder.NonFiniteError)
 # Packages whose warnings speak to their own developers, not to a relpos user (TFDS's "Using
 # custom data configuration ...", Orbax's "Requested `tracked_metric`; did not provide
 # metrics."): without --verbosity only their errors are shown.

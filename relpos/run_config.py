@@ -299,8 +299,11 @@ def load(workdir: str) -> RunConfig:
 
 
 def write_to(config: RunConfig, workdir: str) -> None:
-  """Writes `workdir/config.json` (process 0), whole or not at all (a temporary file renamed),
+  """Writes what rebuilds the run's model (process 0): `workdir/imports.json`, the modules of
+  the user's own that define its position variant (`user_modules.write_imports`; none for a
+  variant of relpos), and `workdir/config.json`, whole or not at all (a temporary file renamed),
   so that evaluation never reads half of it."""
+  user_modules.write_imports(workdir, variants.get(config.model.position).__module__)
   if jax.process_index() == 0:
     json_files.write_json(os.path.join(workdir, workdir_files.CONFIG_FILE), config.to_dict(),
                           indent=2, sort_keys=True)

@@ -20,7 +20,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import device_mesh
 from relpos import model as model_lib
 from relpos import model_config
-from relpos import run_config
 from relpos import train_state
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -168,8 +167,8 @@ class Steps:
     self.mesh = mesh
     self.replicated = NamedSharding(mesh, PartitionSpec())
     self.batch_sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
-    self.graphdef, _, _ = model_lib.abstract_model(model_config)
     optimizer = train_state.make_optimizer(train_config)
+    self.graphdef, _, _ = model_lib.abstract_model(model_config)
     self.init = jax.jit(functools.partial(train_state.init_train_state, model_config, optimizer),
                         out_shardings=self.replicated)
     self.train = jax.jit(
@@ -198,7 +197,13 @@ STEP_FIELDS = ("learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps"
 def get_steps(mesh: Mesh, model_config: model_config.TransformerConfig,
               train_config: ml_collections.ConfigDict) -> Steps:
   """`Steps`, shared by the runs of one process that differ only outside STEP_FIELDS (e.g. the
-  seeds of a table), so they compile once."""
+  seeds of a table), so they compile once.
+
+  Raises:
+    ValueError: a batch size of `train_config` that the devices do not divide
+      (`check_divisible`).
+  """
+  check_divisible(train_config)
   return _cached_steps(mesh, model_config, tuple((f, train_config[f]) for f in STEP_FIELDS))
 
 
@@ -222,19 +227,19 @@ def evaluate_loss(steps: Steps, state: train_state.TrainState,
   }
 
 
-def check_divisible(config: run_config.RunConfig) -> None:
+def check_divisible(train_config: ml_collections.ConfigDict) -> None:
   """Batch sizes must split evenly over the devices (and the processes).
 
   Raises:
     ValueError: naming the field, its value and the device count.
   """
   for field in ("batch_size", "eval_batch_size"):
-    value = config.train[field]
+    value = train_config[field]
     if value % jax.device_count():
       raise ValueError(f"config field train.{field}={value} must be divisible by the number of "
                        f"devices ({jax.device_count()}).")
-  micro = config.train.grad_accumulation_steps * jax.device_count()
-  if config.train.batch_size % micro:
-    raise ValueError(f"config field train.batch_size={config.train.batch_size} must be divisible "
-                     f"by train.grad_accumulation_steps={config.train.grad_accumulation_steps} "
+  micro = train_config.grad_accumulation_steps * jax.device_count()
+  if train_config.batch_size % micro:
+    raise ValueError(f"config field train.batch_size={train_config.batch_size} must be divisible "
+                     f"by train.grad_accumulation_steps={train_config.grad_accumulation_steps} "
                      f"times the number of devices ({jax.device_count()}).")

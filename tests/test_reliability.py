@@ -21,6 +21,7 @@ from relpos import device_mesh
 from relpos import run_config
 from relpos import evaluate
 from relpos import locks
+from relpos import recorder
 from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos import steps as steps_lib
@@ -251,7 +252,7 @@ def test_nonfinite_loss(mode, data_dir, tmp_path, monkeypatch):
                          r"train.max_skipped_fraction=0.01 of the run's 5 steps \(step 3: "
                          r"loss=nan, .*\); the last checkpoint is step 2"
     }[mode]
-    with pytest.raises(train.NonFiniteError, match=message):
+    with pytest.raises(recorder.NonFiniteError, match=message):
       train.train_and_evaluate(make_config(data_dir, overrides), workdir)
     state, _ = saved(workdir)
     assert int(state["step"]) == 2
@@ -277,7 +278,7 @@ def test_exploded_update_is_not_a_good_step(data_dir, tmp_path):
       "decode.validation_bleu": False
   }
   with pytest.raises(
-      train.NonFiniteError, match=(
+      recorder.NonFiniteError, match=(
           r"non-finite loss, gradient or parameters at step 1 \(loss=\d+\.\d+, grad_norm=\d+\.\d+, "
           r"param_norm=inf\), not saved; no checkpoint was saved yet\.")):
     train.train_and_evaluate(make_config(data_dir, overrides), str(tmp_path))

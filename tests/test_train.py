@@ -287,13 +287,6 @@ def test_accumulation_must_divide_the_batch(data_dir, tmp_path):
     train.train_and_evaluate(config, str(tmp_path))
 
 
-def test_evaluations_since_best():
-  assert train.evaluations_since_best([]) == 0
-  assert train.evaluations_since_best([{"bleu": 1.0}, {"bleu": 3.0}, {"bleu": 2.0}]) == 1
-  assert train.evaluations_since_best([{"loss": 3.0}, {"loss": 2.0}, {"loss": 2.5},
-                                       {"loss": 2.1}]) == 2
-
-
 def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypatch):
   losses = iter([3.0, 2.0, 2.5, 2.4, 1.0])
   monkeypatch.setattr(train, "_validate", lambda *args: {"loss": next(losses)})
