@@ -184,14 +184,19 @@ def test_multi30k_gpu_is_the_transformer_tiny_recipe():
     ("rope", {"position": "rope"}),
     ("alibi", {"position": "alibi"}),
     ("fire", {"position": "fire", "fire_hidden": 32, "fire_init_threshold": 16.0}),
-    ("shape", {"position": "shape", "absolute_type": "sinusoidal", "shape_max_shift": 500}),
+    ("shape", {"position": "shape", "absolute_type": "sinusoidal", "shape_max_shift": 16}),
     ("randomized",
-     {"position": "randomized", "randomized_max_position": 2048, "randomized_eval_stride": 1}),
+     {"position": "randomized", "randomized_max_position": 256, "randomized_eval_stride": 6}),
     ("k=4", {"position": "relative", "max_relative_position": 4, "add_absolute": False}),
 ])
 def test_ablation_rows(row, expected):
   for base in ("synthetic", "multi30k", "multi30k_gpu", "wmt14"):
     config = ablation.get_config(f"{row},{base}")
+    if row == "randomized" and base == "wmt14":
+      # L tuned on the short tasks is below WMT's model.max_len: refused in one line.
+      with pytest.raises(ValueError, match=r"model\.randomized_max_position=256 .*max_len=512"):
+        run_config.validate(config)
+      continue
     assert {k: config.model[k] for k in expected} == expected
     assert base.startswith(config.task.name)
     run_config.validate(config)
