@@ -10,6 +10,13 @@ import pytest
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# As every program of relpos does at start-up (`relpos.cli`): a run trained in this process then
+# compiles as one trained by train.py in a child process, and their parameters compare bitwise
+# whatever ran before (tests/test_reliability.py).
+from relpos import prng  # pylint: disable=wrong-import-position
+
+prng.lower_threefry_unrolled_on_cpu()
+
 
 @pytest.fixture(autouse=True, scope="session")
 def default_data_dir(tmp_path_factory: pytest.TempPathFactory):
