@@ -41,16 +41,14 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLE_DIR = os.path.join(ROOT, "bundle")
@@ -58,24 +56,8 @@ WHEELS_DIR = os.path.join(BUNDLE_DIR, "wheels")
 DATA_DIR = os.path.join(BUNDLE_DIR, "data")
 RESULTS_DIR = os.path.join(BUNDLE_DIR, "results")
 
-# What the host gives back from $OUT.
-MAX_FILES = 8
-MAX_FILE_BYTES = 16 * 2**20
-MAX_TOTAL_BYTES = 64 * 2**20
-MAX_DEPTH = 2  # folders below $OUT
-
-
-class ReturnLimits(NamedTuple):
-  """What the host gives back of --out (the defaults: --max_files and the others)."""
-  files: int = MAX_FILES
-  file_bytes: int = MAX_FILE_BYTES
-  total_bytes: int = MAX_TOTAL_BYTES
-  depth: int = MAX_DEPTH
-
-
-NAME = re.compile(r"[A-Za-z0-9._-]+")
-MAX_LOG_BYTES = 8 * 2**20  # job.log keeps its head and its tail beyond this
-LOG_HEAD_BYTES = 2**20
+sys.path.insert(0, ROOT)  # run by path: the repository's root, for tools.job_output
+from tools import job_output  # pylint: disable=wrong-import-position
 
 DEFAULT_BUDGET_S = 570.0  # the host's limit is 600 s a command
 STOP_GRACE_S = 60.0  # after SIGTERM: the step in flight, a checkpoint, the table's outputs
@@ -289,111 +271,19 @@ def check_packages(env: dict[str, str], log: Log) -> dict[str, Any] | None:
   return versions
 
 
-def table_runs(table_dir: str) -> tuple[list[str], list[str]]:
-  """(finished, unfinished) run folders of a table: a finished one holds result.json."""
-  runs_dir = os.path.join(table_dir, "runs")
-  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
-  finished = [n for n in names if os.path.exists(os.path.join(runs_dir, n, "result.json"))]
-  return finished, [n for n in names if n not in finished]
-
-
-# A tqdm update of a training run's log: "5435/8000 [07:16<03:25, 12.46step/s" (or, below one
-# step a second, "1/8000 [00:42<93:23:06, 42.03s/step").
-_PROGRESS = re.compile(rb"(\d+)/(\d+) \[[^\]]*?([\d.]+)(step/s|s/step)")
-
-
-def run_progress(log_path: str, tail_bytes: int = 65536) -> str | None:
-  """'step N of M, R steps/s' from the last progress bar in a run's log, or None."""
-  if not os.path.exists(log_path):
-    return None
-  with open(log_path, "rb") as f:
-    f.seek(max(0, os.path.getsize(log_path) - tail_bytes))
-    matches = _PROGRESS.findall(f.read())
-  if not matches:
-    return None
-  step, total, rate, unit = (m.decode() for m in matches[-1])
-  steps_per_second = float(rate) if unit == "step/s" else 1 / float(rate)
-  return f"step {step} of {total}, {steps_per_second:.4g} steps/s"
-
-
-def table_files(table_dir: str) -> list[str]:
-  """The files of a table's output folder worth returning: no checkpoints, no unfinished run."""
-  _, unfinished = table_runs(table_dir)
-  skipped = {os.path.join(table_dir, "runs", n) for n in unfinished}
-  files = []
-  for dirpath, dirnames, filenames in os.walk(table_dir):
-    dirnames[:] = sorted(
-        d for d in dirnames if d != "checkpoints" and os.path.join(dirpath, d) not in skipped)
-    files += [os.path.join(dirpath, f) for f in sorted(filenames)]
-  return files
-
-
-def write_archive(files: list[str], base: str, path: str, limit: int = MAX_FILE_BYTES) -> list[str]:
-  """Writes `files` (named relative to `base`) to the tar.gz `path`, leaving out the largest
-  until it is at most `limit` bytes; returns those left out (relative names)."""
-  kept, left_out = sorted(files, key=os.path.getsize), []
-  while True:
-    with tarfile.open(path, "w:gz") as archive:
-      for f in kept:
-        archive.add(f, arcname=os.path.relpath(f, base))
-    if os.path.getsize(path) <= limit or not kept:
-      return left_out
-    left_out.append(os.path.relpath(kept.pop(), base))
-
-
-def trim_log(path: str, limit: int = MAX_LOG_BYTES, head: int = LOG_HEAD_BYTES) -> None:
-  """Keeps the first `head` bytes and the last ones of a file larger than `limit`."""
-  size = os.path.getsize(path)
-  if size <= limit:
-    return
-  marker = f"\n[gpu_job: {size - limit} bytes of log left out here]\n".encode()
-  with open(path, "rb") as f:
-    start = f.read(head)
-    f.seek(size - (limit - head - len(marker)))
-    end = f.read()
-  with open(path, "wb") as f:
-    f.write(start + marker + end)
-
-
-def check_returnable(out: str, limits: ReturnLimits = ReturnLimits()) -> dict[str, int]:
-  """The files under `out` (relative path -> bytes), as the host gives them back.
-
-  Raises:
-    ValueError: naming the path, for a name, depth, size or count the host would not return.
-  """
-  sizes = {}
-  for dirpath, dirnames, filenames in os.walk(out):
-    for name in dirnames + filenames:
-      if not NAME.fullmatch(name):
-        raise ValueError(f"{os.path.join(dirpath, name)}: only letters, digits, '.', '_' and "
-                         "'-' come back.")
-    for name in filenames:
-      path = os.path.join(dirpath, name)
-      relative = os.path.relpath(path, out)
-      if relative.count(os.sep) > limits.depth:
-        raise ValueError(f"{path}: more than {limits.depth} folders below {out}.")
-      sizes[relative] = os.path.getsize(path)
-      if sizes[relative] > limits.file_bytes:
-        raise ValueError(f"{path}: {sizes[relative]} bytes, over {limits.file_bytes}.")
-  if len(sizes) > limits.files:
-    raise ValueError(f"{out}: {len(sizes)} files, over {limits.files}.")
-  if sum(sizes.values()) > limits.total_bytes:
-    raise ValueError(f"{out}: {sum(sizes.values())} bytes in all, over {limits.total_bytes}.")
-  return sizes
-
-
 def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Log,
-         limits: ReturnLimits = ReturnLimits()) -> None:
+         limits: job_output.ReturnLimits = job_output.ReturnLimits()) -> None:
   """Copies the job's files, the table's archive and `summary` (completed) into `out`."""
   for path in job.files:
     if os.path.exists(path):
       shutil.copyfile(path, os.path.join(out, os.path.basename(path)))
   if job.table_dir and os.path.isdir(job.table_dir):
-    finished, unfinished = table_runs(job.table_dir)
-    left_out = write_archive(table_files(job.table_dir), results_root,
-                             os.path.join(out, ARCHIVE_NAME), limits.file_bytes)
+    finished, unfinished = job_output.table_runs(job.table_dir)
+    left_out = job_output.write_archive(job_output.table_files(job.table_dir), results_root,
+                                        os.path.join(out, ARCHIVE_NAME), limits.file_bytes)
     progress = {
-        n: run_progress(os.path.join(job.table_dir, "runs", n, "run.log")) for n in unfinished
+        n: job_output.run_progress(os.path.join(job.table_dir, "runs", n, "run.log"))
+        for n in unfinished
     }
     summary.update(finished_runs=finished, unfinished_runs=unfinished, left_out=left_out,
                    unfinished_progress=progress)
@@ -404,11 +294,12 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
             (f"; unfinished (they start again from step 0 next time): {', '.join(unfinished)}"
              if unfinished else "."))
   log.close()
-  trim_log(log.path)
+  job_output.trim_log(log.path)
   summary_path = os.path.join(out, SUMMARY_NAME)
   _write_json(summary_path, summary)  # first, so that the check counts it
-  _write_json(summary_path, {**summary, "returned": sorted(check_returnable(out, limits))})
-  for name, size in check_returnable(out, limits).items():
+  _write_json(summary_path,
+              {**summary, "returned": sorted(job_output.check_returnable(out, limits))})
+  for name, size in job_output.check_returnable(out, limits).items():
     print(f"gpu_job: returning {name} ({size} bytes)")
 
 
@@ -433,13 +324,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
       "'' for none (the packages installed already)")
   parser.add_argument("--site", default="/tmp/site", help="where the wheels are installed")
   parser.add_argument("--data_dir", default=DATA_DIR, help="the prepared datasets")
-  parser.add_argument("--max_files", type=int, default=MAX_FILES,
+  parser.add_argument("--max_files", type=int, default=job_output.MAX_FILES,
                       help="files the host gives back of --out")
-  parser.add_argument("--max_file_mib", type=float, default=MAX_FILE_BYTES / 2**20,
+  parser.add_argument("--max_file_mib", type=float, default=job_output.MAX_FILE_BYTES / 2**20,
                       help="MiB of one file the host gives back")
-  parser.add_argument("--max_total_mib", type=float, default=MAX_TOTAL_BYTES / 2**20,
+  parser.add_argument("--max_total_mib", type=float, default=job_output.MAX_TOTAL_BYTES / 2**20,
                       help="MiB the host gives back in all")
-  parser.add_argument("--max_depth", type=int, default=MAX_DEPTH,
+  parser.add_argument("--max_depth", type=int, default=job_output.MAX_DEPTH,
                       help="folders below --out the host gives back")
   parser.add_argument("--results_root", default=None, help=f"default: {RESULTS_DIR}, or a "
                       "temporary folder for a dry run")
@@ -471,7 +362,8 @@ def main(argv: list[str]) -> int:
   status = 1
   if summary["versions"]:
     if job.table_dir:
-      log.say(f"{len(table_runs(job.table_dir)[0])} runs of {job.table_dir} already finished.")
+      finished, _ = job_output.table_runs(job.table_dir)
+      log.say(f"{len(finished)} runs of {job.table_dir} already finished.")
     for destination, source in job.starts_with.items():
       if not os.path.exists(destination) and os.path.exists(source):
         os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -481,14 +373,15 @@ def main(argv: list[str]) -> int:
     summary["command"] = command
     status, summary["stopped_at_budget"] = run_until(
         command, {**env, **job.env}, start + args.budget_s - STOP_GRACE_S - PACK_RESERVE_S, log)
-    if job.table_dir and (status or summary["stopped_at_budget"]) and table_runs(job.table_dir)[0]:
+    stopped = status or summary["stopped_at_budget"]
+    if job.table_dir and stopped and job_output.table_runs(job.table_dir)[0]:
       log.say("rebuilding results.json, table.md and the plots from the finished runs.")
       run_until([sys.executable, "-c", _REBUILD, job.table_dir], env,
                 time.monotonic() + PACK_RESERVE_S / 2, log, grace_s=1.0)
   summary.update(exit_status=status, wall_s=round(time.monotonic() - start, 1))
   log.say(f"exit status {status} after {summary['wall_s']} s; packing into {args.out}.")
-  limits = ReturnLimits(args.max_files, int(args.max_file_mib * 2**20),
-                        int(args.max_total_mib * 2**20), args.max_depth)
+  limits = job_output.ReturnLimits(args.max_files, int(args.max_file_mib * 2**20),
+                                   int(args.max_total_mib * 2**20), args.max_depth)
   pack(job, args.out, results_root, summary, log, limits)
   if temporary:
     shutil.rmtree(results_root)
