@@ -89,12 +89,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     try:
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
-      run_config.write_to(config, workdir)
       task = pipeline.get_task(config.task)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
       state = _initial_state(config, steps, manager, train_iterator)
+      run_config.write_to(config, workdir)  # once the checkpoints are known to fit the config
       metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
       return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
     finally:
