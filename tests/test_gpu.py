@@ -15,7 +15,7 @@ from relpos import attention
 from relpos import positions
 from relpos.kernels import relative as kernel
 from relpos.variants import alibi
-from test_train import updates_on_one_batch
+from test_steps import updates_on_one_batch
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 

@@ -24,7 +24,7 @@ from relpos import variants
 from relpos.experiments import analysis
 from relpos.variants import interface
 from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
-from test_train import _random_batch, updates_on_one_batch
+from test_steps import _random_batch, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERPLE = ROOT / "examples" / "kerple.py"

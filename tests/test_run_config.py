@@ -1,0 +1,191 @@
+"""Tests for relpos.run_config: each field's rule, rules across fields, old configs, resuming."""
+import json
+import math
+
+import pytest
+
+from configs import default
+from configs import tiny
+from relpos import run_config
+
+# One invalid value per validated field (outside model.*, which TransformerConfig checks).
+INVALID = {
+    "seed": -1,
+    "task.name": "wmt15",
+    "task.tfds_data_dir": 3,
+    "task.source_lang": "",
+    "task.target_lang": "",
+    "task.manual_dir": None,
+    "task.download_url": 1,
+    "task.vocab_size": 4,
+    "task.spm_model_type": "wordpiece",
+    "task.max_length": 1,
+    "task.overlong": "drop",
+    "task.packing": 1,
+    "task.shuffle_buffer_seed": -2,
+    "task.spm_seed": -3,
+    "task.concat_probability": 1.5,
+    "task.synthetic.seed": 1.5,
+    "task.synthetic.num_train": 0,
+    "task.synthetic.num_validation": 0,
+    "task.synthetic.num_test": 0,
+    "task.synthetic.num_test_long": 0,
+    "task.synthetic.min_words": 0,
+    "task.synthetic.max_words": 0,
+    "task.synthetic.long_min_words": 0,
+    "task.synthetic.long_max_words": 0,
+    "train.batch_size": 0,
+    "train.num_steps": 0,
+    "train.learning_rate": 0.0,
+    "train.warmup_steps": 0,
+    "train.adam_b1": 1.0,
+    "train.adam_b2": -0.1,
+    "train.adam_eps": 0.0,
+    "train.weight_decay": -1.0,
+    "train.label_smoothing": 1.0,
+    "train.grad_clip_norm": math.inf,
+    "train.nonfinite": "ignore",
+    "train.max_skipped_fraction": 1.5,
+    "train.grad_accumulation_steps": 0,
+    "train.early_stopping_patience": -1,
+    "train.log_every_steps": 0,
+    "train.eval_every_steps": 0,
+    "train.checkpoint_every_steps": 0,
+    "train.keep_checkpoints": 0,
+    "train.eval_batch_size": 0,
+    "decode.beam_size": 0,
+    "decode.checkpoint": "average:1",
+    "decode.alpha": -0.5,
+    "decode.max_decode_len": -1,
+    "decode.validation_bleu": "yes",
+    "decode.other_checkpoints": "best,average:x",
+    "decode.length_diagnostics": "yes",
+}
+
+
+def _set(config, path, value):
+  *parents, leaf = path.split(".")
+  node = config
+  for name in parents:
+    node = node[name]
+  with node.ignore_type():
+    node[leaf] = value
+
+
+FIELDS = {
+    f"{section}.{name}" if section else name: field
+    for section, declared in run_config.SECTIONS.items() for name, field in declared.items()
+}
+
+
+def test_every_rule_has_an_invalid_case():
+  assert set(INVALID) == set(FIELDS)
+
+
+@pytest.mark.parametrize("path", sorted(INVALID))
+def test_invalid_value_names_field_and_allowed_values(path):
+  config = default.get_config()
+  _set(config, path, INVALID[path])
+  rule = FIELDS[path].rule
+  with pytest.raises(ValueError) as error:
+    run_config.validate(config)
+  assert f"config field {path}={INVALID[path]!r} is invalid" in str(error.value)
+  assert rule.allowed in str(error.value)
+
+
+@pytest.mark.parametrize("path,value,message", [
+    ("model.position", "sinusoid", "config field model.position='sinusoid' is invalid"),
+    ("model.num_heads", 3, "config field model.num_heads=3 is invalid"),
+    ("model.max_relative_position", -1, "config field model.max_relative_position=-1"),
+])
+def test_model_fields_are_validated(path, value, message):
+  config = default.get_config()
+  _set(config, path, value)
+  with pytest.raises(ValueError, match=message):
+    run_config.validate(config)
+
+
+def test_cross_field_rules():
+  config = default.get_config()
+  config.task.synthetic.min_words = 20
+  with pytest.raises(ValueError, match="task.synthetic.min_words=20 must be <= "
+                     "task.synthetic.max_words=12"):
+    run_config.validate(config)
+  config = default.get_config()
+  config.decode.max_decode_len = 300
+  with pytest.raises(ValueError, match="decode.max_decode_len=300 must be <= model.max_len=256"):
+    run_config.validate(config)
+
+
+def test_unknown_and_missing_fields():
+  config = default.get_config()
+  config.train.lr = 0.1
+  with pytest.raises(ValueError, match="unknown config field train.lr; train has: batch_size"):
+    run_config.validate(config)
+  config = default.get_config()
+  del config.decode["alpha"]  # a config.json written before the field: its value then
+  assert run_config.validate(config).decode.alpha == run_config.SECTIONS["decode"]["alpha"].default
+  del config["decode"]
+  with pytest.raises(ValueError, match="config section decode is missing"):
+    run_config.validate(config)
+
+
+def test_config_written_before_the_new_train_fields_still_validates():
+  config = tiny.get_config()
+  del config.train["grad_accumulation_steps"], config.train["early_stopping_patience"]
+  validated = run_config.validate(config)
+  assert (validated.train.grad_accumulation_steps, validated.train.early_stopping_patience) == (1,
+                                                                                                0)
+  assert "grad_accumulation_steps" not in config.train  # what it was given is left as it is
+
+
+def _saved_run(tmp_path, edit=lambda saved: None) -> tuple[str, dict]:
+  """A workdir holding the tiny config's config.json after `edit(saved dict)`."""
+  saved = run_config.validate(tiny.get_config()).to_dict()
+  edit(saved)
+  with open(tmp_path / "config.json", "w", encoding="utf-8") as f:
+    json.dump(saved, f)
+  return str(tmp_path), saved
+
+
+@pytest.mark.parametrize("field, value", [("model.position", "rope"), ("model.dtype", "bfloat16"),
+                                          ("model.dropout_rate", 0.3),
+                                          ("model.max_relative_position", 8)])
+def test_a_model_field_changed_on_resume_stops(tmp_path, field, value):
+  workdir, saved = _saved_run(tmp_path)
+  config = tiny.get_config()
+  if field == "model.position":  # the other variant's fields at their defaults
+    config.model.max_relative_position = 16
+  config.model[field.split(".")[1]] = value
+  config = run_config.validate(config)
+  run_config.check_resume(config, workdir, resuming=False)  # nothing saved: a warning
+  before = saved["model"][field.split(".")[1]]
+  with pytest.raises(
+      ValueError, match=(
+          rf"^config field {field}={value!r} differs from the {before!r} that the checkpoints in "
+          rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
+          rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
+    run_config.check_resume(config, workdir, resuming=True)
+
+
+def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, caplog):
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.model.attention_implementation = "xla"
+  config.train.update(learning_rate=0.001, num_steps=40)
+  run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+  assert "model.attention_implementation='auto'->'xla'" in caplog.text
+  assert "train.learning_rate=0.002->0.001" in caplog.text
+
+
+def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default(tmp_path, caplog):
+  """A campaign resumed across commits: a field the old config.json lacks was its default."""
+  workdir, _ = _saved_run(tmp_path,
+                          lambda saved: saved["model"].pop("relative_shared_across_layers"))
+  config = tiny.get_config()
+  run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+  assert "changed since the run's last start" not in caplog.text
+  config.model.relative_shared_across_layers = True
+  with pytest.raises(ValueError, match=r"model.relative_shared_across_layers=True differs from "
+                     r"the False "):
+    run_config.check_resume(run_config.validate(config), workdir, resuming=True)
