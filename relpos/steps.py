@@ -159,7 +159,9 @@ class Steps:
     batch_sharding: sharding of a batch's rows over the data axis.
     graphdef: the model structure.
     init: seed (int) -> a fresh train state.
-    train: (state, global batch) -> (state, metrics); the state's buffers are donated.
+    train_step: (state, global batch) -> (state, metrics), `train_step` with this model and
+      optimizer, not compiled: what `train` compiles (and `relpos.seed_stack` vmaps).
+    train: `train_step` compiled; the state's buffers are donated.
     eval: (state, global batch) -> metric sums.
   """
   def __init__(self, mesh: Mesh, model_config: model_config.TransformerConfig,
@@ -171,12 +173,11 @@ class Steps:
     self.graphdef, _, _ = model_lib.abstract_model(model_config)
     self.init = jax.jit(functools.partial(train_state.init_train_state, model_config, optimizer),
                         out_shardings=self.replicated)
-    self.train = jax.jit(
-        functools.partial(train_step, graphdef=self.graphdef, optimizer=optimizer,
-                          label_smoothing=train_config.label_smoothing,
-                          accumulation_steps=train_config.grad_accumulation_steps),
-        in_shardings=(self.replicated, self.batch_sharding),
-        out_shardings=(self.replicated, self.replicated), donate_argnums=0)
+    self.train_step = functools.partial(train_step, graphdef=self.graphdef, optimizer=optimizer,
+                                        label_smoothing=train_config.label_smoothing,
+                                        accumulation_steps=train_config.grad_accumulation_steps)
+    self.train = jax.jit(self.train_step, in_shardings=(self.replicated, self.batch_sharding),
+                         out_shardings=(self.replicated, self.replicated), donate_argnums=0)
     self.eval = jax.jit(functools.partial(eval_step, graphdef=self.graphdef),
                         in_shardings=(self.replicated, self.batch_sharding),
                         out_shardings=self.replicated)

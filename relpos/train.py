@@ -9,11 +9,15 @@ checkpoints (`relpos.checkpoints`). On SIGTERM it saves and returns (`preempted:
 SIGINT (Ctrl-C) it saves and raises KeyboardInterrupt.
 
 The train state and its optimizer are `relpos.train_state`'s; the compiled steps
-`relpos.steps`'.
+`relpos.steps`'. The pieces of the loop (`open_workdir`, `recording`, `end_step`) are shared with
+`relpos.seed_stack`, which trains several seeds of a config as one program.
 """
+import contextlib
+import dataclasses
 import os
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import grain
 import jax
@@ -81,6 +85,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
   if not isinstance(config, run_config.RunConfig):
     config = run_config.validate(config)
   steps = steps_lib.get_steps(device_mesh.make_mesh(), config.model, config.train)
+  with open_workdir(config, workdir, steps) as opened:
+    metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit())
+    return _train_loop(config, workdir, steps, opened, started)
+
+
+class Opened(NamedTuple):
+  """A run's workdir opened for training (`open_workdir`)."""
+  task: pipeline.Task
+  manager: ocp.CheckpointManager
+  train_iterator: grain.DatasetIterator  # at the position of `state`
+  state: train_state.TrainState  # restored from the newest checkpoint, or fresh
+
+
+@contextlib.contextmanager
+def open_workdir(config: run_config.RunConfig, workdir: str,
+                 steps: steps_lib.Steps) -> Iterator[Opened]:
+  """Locks `workdir` (created when missing), checks and writes its config, opens its checkpoint
+  manager and restores its newest state and data position (`initial_state`), for the block.
+
+  Raises:
+    ValueError, checkpoints.DamagedCheckpointError, locks.WorkdirInUseError: as
+      `train_and_evaluate`.
+  """
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
@@ -93,17 +120,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())
-      state = _initial_state(config, steps, manager, train_iterator)
+      state = initial_state(config, steps, manager, train_iterator)
       run_config.write_to(config, workdir)  # once the checkpoints are known to fit the config
-      metrics_writer.record_start(workdir, int(state["step"]), source_tree.commit())
-      return _train_loop(config, workdir, task, steps, state, manager, train_iterator, started)
+      yield Opened(task, manager, train_iterator, state)
     finally:
       manager.close()
 
 
-def _initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,
-                   manager: ocp.CheckpointManager,
-                   train_iterator: grain.DatasetIterator) -> train_state.TrainState:
+def initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,
+                  manager: ocp.CheckpointManager,
+                  train_iterator: grain.DatasetIterator) -> train_state.TrainState:
   """The newest restorable checkpoint's state (iterator restored in place), or a fresh one.
 
   Newer checkpoints found damaged are moved aside (`checkpoints.set_aside`), so that the run
@@ -121,72 +147,136 @@ def _initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,
   return state
 
 
-def _train_loop(config: run_config.RunConfig, workdir: str, task: pipeline.Task,
-                steps: steps_lib.Steps, state: train_state.TrainState,
-                manager: ocp.CheckpointManager, train_iterator: grain.DatasetIterator,
-                started: float) -> dict[str, Any]:
-  """Runs steps from `state["step"]` to `train.num_steps`; see `train_and_evaluate`.
+def progress_bar(first: int, last: int, **kwargs) -> tqdm.tqdm:
+  """The progress bar of steps `first` (done) to `last` (process 0 only)."""
+  return tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
+                   disable=jax.process_index() != 0, **kwargs)
+
+
+@dataclasses.dataclass
+class Run:
+  """The host side of one run in a train loop: where it records and its result so far.
+
+  Attributes:
+    config, workdir, steps, opened: the run's (`open_workdir`).
+    records: its bookkeeping from this start on.
+    writer: its metrics.jsonl and TensorBoard events.
+    result: what `train_and_evaluate` returns, as of the last step ended (`end_step`).
+  """
+  config: run_config.RunConfig
+  workdir: str
+  steps: steps_lib.Steps
+  opened: Opened
+  records: recorder.Recorder
+  writer: metrics_writer.MetricsWriter
+  result: dict[str, Any]
+
+
+@contextlib.contextmanager
+def recording(config: run_config.RunConfig, workdir: str, steps: steps_lib.Steps, opened: Opened,
+              progress: tqdm.tqdm, started: float) -> Iterator[Run]:
+  """The `Run` of a train loop starting at `opened.state`'s step, its writer open for the block.
 
   `started` (time.perf_counter) is when this start of the run began: train records count the
-  run's seconds from it, on top of those its earlier starts took to reach `state["step"]`.
-
-  Train metrics are logged every `log_every_steps` and at every checkpoint, so a run resumed
-  from a checkpoint averages over the same intervals as an uninterrupted one. With
-  `train.early_stopping_patience` = P > 0 the run stops (saved, `early_stopped: True`) at the
-  first evaluation that is the P-th in a row without a better validation BLEU.
+  run's seconds from it, on top of those its earlier starts took to reach the first step.
   """
-  train_config = config.train
-  first, last = int(state["step"]), train_config.num_steps
-  progress = tqdm.tqdm(total=last, initial=first, unit="step", dynamic_ncols=True,
-                       disable=jax.process_index() != 0)
-  records = recorder.Recorder(workdir, train_config, first, int(state["num_skipped"]), progress,
-                              manager.latest_step, started)
+  first = int(opened.state["step"])
+  records = recorder.Recorder(workdir, config.train, first, int(opened.state["num_skipped"]),
+                              progress, opened.manager.latest_step, started)
   result = {
       "step": first, "preempted": False, "early_stopped": False,
       "train": records.last.get("train", {}),
       "validation": records.last.get(recorder.VALIDATION_SPLIT, {}), "validation_time_s": 0.0
   }
-  with (progress, Preemption() as
-        preemption, metrics_writer.MetricsWriter(workdir, resume_step=first) as writer):
+  with metrics_writer.MetricsWriter(workdir, resume_step=first) as writer:
+    yield Run(config, workdir, steps, opened, records, writer, result)
+
+
+def step_actions(step: int, train_config: ml_collections.ConfigDict,
+                 preempted: bool) -> tuple[bool, bool, bool]:
+  """(evaluate, save, log): what a run does after `step`.
+
+  It validates every `eval_every_steps` and at the last step; saves then, every
+  `checkpoint_every_steps` and when preempted; logs train metrics every `log_every_steps` and
+  at every checkpoint, so a run resumed from a checkpoint averages over the same intervals as
+  an uninterrupted one.
+  """
+  last = train_config.num_steps
+  evaluate_now = _is_multiple(step, train_config.eval_every_steps, last)
+  save_now = (evaluate_now or preempted or
+              _is_multiple(step, train_config.checkpoint_every_steps, last))
+  return evaluate_now, save_now, save_now or step % train_config.log_every_steps == 0
+
+
+def end_step(run: Run, step: int, state: train_state.TrainState | None, preempted: bool) -> bool:
+  """After `step` of `run`: logs, validates and saves (`step_actions`) and judges early stopping;
+  returns whether the run stops here (`run.result` says why: early_stopped or preempted).
+
+  Args:
+    run: the run.
+    step: the step just trained (its metrics pushed to `run.records`).
+    state: the run's own state after `step`; read only at a step that logs, evaluates or saves
+      (None at the others).
+    preempted: whether to save and stop after this step.
+  """
+  evaluate_now, save_now, log_now = step_actions(step, run.config.train, preempted)
+  train_config, result, manager = run.config.train, run.result, run.opened.manager
+  if log_now:
+    result["train"] = run.records.train_summary(step, int(state["num_skipped"]))
+    run.writer.write(step, "train", result["train"])
+  eval_metrics = None
+  if evaluate_now:
+    start = time.perf_counter()
+    validation = _validate(run.config, run.opened.task, run.steps, state)
+    eval_metrics = result["validation"] = {**validation, "time_s": time.perf_counter() - start}
+    result["validation_time_s"] += eval_metrics["time_s"]
+    run.writer.write(step, recorder.VALIDATION_SPLIT, eval_metrics)
+    run.records.add_validation(eval_metrics)
+  if save_now:
+    ranking = recorder.checkpoint_metrics(eval_metrics)
+    checkpoints.save(manager, state, run.opened.train_iterator, metrics=ranking)
+  if evaluate_now or save_now:
+    run.records.restart_clock()
+  result["step"] = step
+  patience = train_config.early_stopping_patience
+  if (evaluate_now and patience and
+      recorder.evaluations_since_best(run.records.validation) >= patience):
+    logging.warning("Early stop at step %d: %d evaluations without a better validation %s (%s).",
+                    step, patience, "BLEU" if "bleu" in eval_metrics else "loss", run.workdir)
+    result["early_stopped"] = True
+    return True
+  if preempted:
+    logging.warning("Preempted: saved step %d to %s.", step, manager.directory)
+    result["preempted"] = True
+    return True
+  return False
+
+
+def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Steps, opened: Opened,
+                started: float) -> dict[str, Any]:
+  """Runs steps from `opened.state["step"]` to `train.num_steps`; see `train_and_evaluate`.
+
+  `started`: see `recording`. With `train.early_stopping_patience` = P > 0 the run stops
+  (saved, `early_stopped: True`) at the first evaluation that is the P-th in a row without a
+  better validation BLEU.
+  """
+  state, train_iterator = opened.state, opened.train_iterator
+  first, last = int(state["step"]), config.train.num_steps
+  with (progress_bar(first, last) as progress, Preemption() as
+        preemption, recording(config, workdir, steps, opened, progress, started) as run):
     for step in range(first + 1, last + 1):
       state, metrics = steps.train(state, steps.global_batch(next(train_iterator)))
-      records.push(step, metrics)
-      preempted = preemption.reached(step)
-      evaluate_now = _is_multiple(step, train_config.eval_every_steps, last)
-      save_now = (evaluate_now or preempted or
-                  _is_multiple(step, train_config.checkpoint_every_steps, last))
-      if save_now or step % train_config.log_every_steps == 0:
-        result["train"] = records.train_summary(step, int(state["num_skipped"]))
-        writer.write(step, "train", result["train"])
-      eval_metrics = None
-      if evaluate_now:
-        start = time.perf_counter()
-        eval_metrics = result["validation"] = {
-            **_validate(config, task, steps, state), "time_s": time.perf_counter() - start
-        }
-        result["validation_time_s"] += eval_metrics["time_s"]
-        writer.write(step, recorder.VALIDATION_SPLIT, eval_metrics)
-        records.add_validation(eval_metrics)
-      if save_now:
-        ranking = recorder.checkpoint_metrics(eval_metrics)
-        checkpoints.save(manager, state, train_iterator, metrics=ranking)
-      if evaluate_now or save_now:
-        records.restart_clock()
-      result["step"] = step
-      patience = train_config.early_stopping_patience
-      if (evaluate_now and patience and
-          recorder.evaluations_since_best(records.validation) >= patience):
-        logging.warning("Early stop at step %d: %d evaluations without a better validation %s.",
-                        step, patience, "BLEU" if "bleu" in eval_metrics else "loss")
-        result["early_stopped"] = True
+      run.records.push(step, metrics)
+      if end_step(run, step, state, preemption.reached(step)):
         break
-      if preempted:
-        logging.warning("Preempted: saved step %d to %s.", step, manager.directory)
-        result["preempted"] = True
-        break
-    records.flush()
-  checkpoints.wait(manager)
+    run.records.flush()
+  checkpoints.wait(opened.manager)
+  check_interrupted(preemption, [run])
+  return run.result
+
+
+def check_interrupted(preemption: Preemption, runs: list[Run]) -> None:
+  """Raises KeyboardInterrupt (naming what `runs` saved) when `preemption` caught SIGINT."""
   if preemption.signal == "SIGINT":
-    raise KeyboardInterrupt(f"saved step {result['step']} to {manager.directory}; run the same "
-                            "command again to resume.")
-  return result
+    saved = ", ".join(f"step {r.result['step']} to {r.opened.manager.directory}" for r in runs)
+    raise KeyboardInterrupt(f"saved {saved}; run the same command again to resume.")

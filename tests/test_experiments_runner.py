@@ -441,3 +441,42 @@ def test_order_seeds_runs_every_row_of_a_seed_first(tmp_path):
   with pytest.raises(ValueError, match="order='random': allowed: rows, seeds"):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      order="random")
+
+
+def test_stack_seeds_trains_a_rows_seeds_as_one_program(finished_table, tmp_path, monkeypatch,
+                                                        capsys):
+  """A row's two seeds train together (neither alone), then each is scored as any run: seed 0
+  as the table trained seed by seed has it."""
+  root, output_dir, _ = finished_table
+
+  def fail(*args, **kwargs):
+    raise AssertionError("a seed was trained alone")
+
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", fail)
+  stacked_dir = str(tmp_path / "out")
+  with pytest.raises(
+      ValueError, match="^stack_seeds trains a row's seeds in this process: not "
+      "with parallel=2.$"):
+    runner.run_table("ablation", task="synthetic", seeds=[0, 1], output_dir=stacked_dir,
+                     rows=["abs"], parallel=2, stack_seeds=True)
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0, 1], output_dir=stacked_dir,
+                             rows=["abs"], overrides=_tiny_overrides(str(root / "tfds")),
+                             stack_seeds=True)
+  assert not outputs["preempted"]
+  assert ("relpos: training synthetic-ablation-abs-seed0, synthetic-ablation-abs-seed1 as one "
+          "program") in capsys.readouterr().out
+  with open(os.path.join(stacked_dir, "results.json")) as f:
+    runs = json.load(f)["runs"]
+  with open(os.path.join(output_dir, "results.json")) as f:
+    alone = [r for r in json.load(f)["runs"] if r["row"] == "abs"][0]
+  assert [(r["row"], r["seed"], [s["step"] for s in r["starts"]]) for r in runs
+         ] == [("abs", 0, [0]), ("abs", 1, [0])]
+  for split, scores in alone["scores"].items():
+    assert runs[0]["scores"][split]["bleu"] == pytest.approx(scores["bleu"], abs=1e-3)
+  validation_loss = lambda run, folder: [
+      r["loss"]
+      for r in metrics_writer.read_metrics(os.path.join(folder, run["workdir"]))
+      if r["split"] == "validation"
+  ]
+  assert validation_loss(runs[0], stacked_dir) == pytest.approx(validation_loss(alone, output_dir),
+                                                                rel=1e-4)

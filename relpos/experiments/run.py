@@ -65,6 +65,10 @@ _RETRAIN_CHANGED = flags.DEFINE_bool(
     "this command's in a field that changes a result (their folders are renamed to "
     "<name>.replaced-<time>, never deleted); without it such a run stops the table before any "
     "work.")
+_STACK_SEEDS = flags.DEFINE_bool(
+    "stack_seeds", False, "Train each row's pending seeds as one program (relpos.seed_stack: "
+    "their states stacked, one compiled step over every seed), then evaluate each as usual; "
+    "the runs' files and results are those of seeds trained alone. With --parallel=1 only.")
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
@@ -97,12 +101,15 @@ def main(argv: Sequence[str]) -> None:
     return
   if not _OUTPUT_DIR.value:
     sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")
+
+  def table() -> dict[str, object]:
+    return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
+                            output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
+                            parallel=_PARALLEL.value, order=_ORDER.value,
+                            retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value)
+
   try:
-    outputs = cli.run(
-        argv, lambda: runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(
-            _SEEDS.value), output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(
-            ), parallel=_PARALLEL.value, order=_ORDER.value, retrain_changed=_RETRAIN_CHANGED.value)
-    )
+    outputs = cli.run(argv, table)
   except KeyboardInterrupt:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])

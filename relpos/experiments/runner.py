@@ -24,6 +24,7 @@ given 0.9 / N of the accelerator's memory; the data and tokenizer are prepared h
 the children only read them. SIGINT or SIGTERM stops the children (they save a checkpoint) and
 returns; a second one kills them.
 """
+import contextlib
 import dataclasses
 import os
 import sys
@@ -35,6 +36,7 @@ from absl import logging
 
 from relpos import run_config as config_lib
 from relpos import locks
+from relpos import seed_stack
 from relpos import source_tree
 from relpos import user_modules
 from relpos.data import pipeline
@@ -119,13 +121,42 @@ def _print_finished(result: dict[str, Any], done: int, total: int, started: floa
       f"{eta})", flush=True)
 
 
+def _train_stacked(runs: Sequence[Run], task: str,
+                   overrides: dict[str, Any] | None) -> dict[Run, dict[str, Any]]:
+  """Trains the seeds of one row (`runs`) not finished yet as one program
+  (`seed_stack.train_seeds`), holding their run locks; returns what training returned, by run
+  (empty for fewer than two seeds: a seed alone trains in `single_run.run_one`)."""
+  if len(runs) < 2:
+    return {}
+  with contextlib.ExitStack() as held:
+    for run in runs:
+      os.makedirs(run.workdir, exist_ok=True)
+      held.enter_context(locks.hold(run.workdir, lock_file=single_run.LOCK_FILE, wait=True))
+    runs = [run for run in runs if not os.path.exists(run.result)]  # finished meanwhile
+    if len(runs) < 2:
+      return {}
+    print(f"relpos: training {', '.join(run.name for run in runs)} as one program", flush=True)
+    configs = [
+        config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
+        for run in runs
+    ]
+    return dict(zip(runs, seed_stack.train_seeds(configs, [run.workdir for run in runs])))
+
+
 def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
-                    output_dir: str) -> bool:
-  """Runs `runs` one after another in this process; returns whether one was preempted."""
-  started = time.monotonic()
+                    output_dir: str, stack_seeds: bool = False) -> bool:
+  """Runs `runs` one after another in this process; returns whether one was preempted.
+
+  With `stack_seeds`, a row's seeds are trained as one program (`_train_stacked`) when its
+  first is reached, then each is evaluated as it comes.
+  """
+  started, trained = time.monotonic(), {}
   for done, run in enumerate(runs, 1):
+    if stack_seeds and run not in trained:
+      trained.update(_train_stacked([r for r in runs if r.row == run.row], task, overrides))
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
-    result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides)
+    result = (None if trained.get(run, {}).get("preempted") else single_run.run_one(
+        run.table, run.row, run.seed, task, run.workdir, overrides, trained.get(run)))
     if result is None:
       logging.warning(
           "Preempted during %s: its checkpoint is saved; rerun the same command "
@@ -243,8 +274,8 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
 
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
               rows: Sequence[str] | None = None, overrides: dict[str, Any] | None = None,
-              parallel: int = 1, order: str = "rows",
-              retrain_changed: bool = False) -> dict[str, Any]:
+              parallel: int = 1, order: str = "rows", retrain_changed: bool = False,
+              stack_seeds: bool = False) -> dict[str, Any]:
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
@@ -260,6 +291,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     retrain_changed: train again (after moving them aside) the finished runs whose config
       differs from the request in a field that changes a result; without it such a run stops
       the table before any work.
+    stack_seeds: (with `parallel` = 1) train each row's pending seeds as one program
+      (`relpos.seed_stack`): the same runs and results, one compiled step over the seeds.
 
   Returns:
     results.write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
@@ -268,8 +301,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
 
   Raises:
     ValueError: for an unknown table, row or order, an invalid override, no seeds, `parallel`
-      < 1, an output folder holding runs of another task or a finished run made with another
-      config (see `pending_runs`).
+      < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task or a
+      finished run made with another config (see `pending_runs`).
     locks.WorkdirInUseError: another table runs in `output_dir`.
   """
   if table not in tables.TABLES:
@@ -278,6 +311,9 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     raise ValueError("no seeds to run: --seeds must be at least 1.")
   if parallel < 1:
     raise ValueError(f"parallel={parallel}: must be at least 1.")
+  if stack_seeds and parallel > 1:
+    raise ValueError(f"stack_seeds trains a row's seeds in this process: not with "
+                     f"parallel={parallel}.")
   if order not in ORDERS:
     raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
   rows = list(rows or tables.TABLES[table])
@@ -301,7 +337,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
       failed = []
-      preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir)
+      preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir,
+                                  stack_seeds=stack_seeds)
     else:
       failed, preempted = _run_children(pending, task=task, overrides=overrides,
                                         output_dir=output_dir, parallel=parallel)

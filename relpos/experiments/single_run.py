@@ -149,8 +149,13 @@ def _raise_stop(_: str) -> None:
 
 
 def run_one(table: str, row: str, seed: int, task: str, workdir: str,
-            overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+            overrides: dict[str, Any] | None = None,
+            trained: dict[str, Any] | None = None) -> dict[str, Any] | None:
   """Trains and evaluates one run; returns (and writes) its result record.
+
+  `trained`: what training returned (`train.train_and_evaluate`'s record) when the run was
+  trained already, by `relpos.seed_stack.train_seeds` with its row's other seeds: it is then
+  evaluated without training again.
 
   One process at a time runs in a workdir: this waits for the workdir's run lock, then returns
   the result already there when another process finished the run meanwhile.
@@ -163,7 +168,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
   with locks.hold(workdir, lock_file=LOCK_FILE, wait=True):
     if os.path.exists(os.path.join(workdir, results.RESULT_FILE)):
       return results.read_result(os.path.join(workdir, results.RESULT_FILE))
-    summary = train.train_and_evaluate(config, workdir)
+    summary = trained if trained is not None else train.train_and_evaluate(config, workdir)
     if summary["preempted"]:
       return None
     evaluation_start = time.time()
