@@ -27,6 +27,32 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory):
     yield
 
 
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+  """The TFDS data folder of the tests' runs (the synthetic task prepared once a session)."""
+  return str(tmp_path_factory.getbasetemp() / "relpos_data")
+
+
+@pytest.fixture(scope="session")
+def environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+  """Environment of the training processes tests start: JAX's persistent compilation cache
+  shared between them (each process would otherwise compile the same steps again)."""
+  return {
+      **os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+      "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache"))
+  }
+
+
+@pytest.fixture(scope="session")
+def reference(data_dir: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+  """Workdir of the uninterrupted run tests/kill_run.py describes (tests copy it to change it)."""
+  import kill_run  # pylint: disable=import-outside-toplevel
+  from relpos import train  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  train.train_and_evaluate(kill_run.make_config(data_dir, kill_run.KILL_RUN), workdir)
+  return workdir
+
+
 # A run that translates: the synthetic task with the default model's width, trained 400 steps,
 # evaluated (beam 2) every 100; its validation BLEU rises to about 12 (the tiny config's 12
 # steps translate every sentence as an empty string, BLEU 0.0, which no comparison can fail

@@ -32,11 +32,6 @@ def workdirs(folder, name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.getbasetemp() / "relpos_data")
-
-
-@pytest.fixture(scope="module")
 def stacked(data_dir, tmp_path_factory):
   """(configs, workdirs, results) of seeds 0 and 1 trained as one program, uninterrupted."""
   configs = [seed_config(data_dir, seed) for seed in SEEDS]

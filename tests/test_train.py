@@ -27,11 +27,6 @@ def tiny_config(data_dir: str, **train_overrides):
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  return str(tmp_path_factory.getbasetemp() / "relpos_data")
-
-
-@pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory):
   """(config, workdir, result) of an uninterrupted tiny run of NUM_STEPS steps."""
   config = tiny_config(data_dir, num_steps=NUM_STEPS)
