@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -28,6 +29,7 @@ from relpos import run_config
 from relpos import source_tree
 from relpos import steps as steps_lib
 from relpos import train
+from relpos.data import pipeline
 from relpos.preemption import Preemption
 
 
@@ -45,14 +47,29 @@ def check_same_but_seed(configs: Sequence[run_config.RunConfig]) -> None:
                          f"in seed {config.seed}'s.")
 
 
+def seeds_batch_sharding(steps: steps_lib.Steps) -> NamedSharding:
+  """Sharding of a stacked batch [seeds, rows, length]: rows over the data axis."""
+  return NamedSharding(steps.mesh, PartitionSpec(None, device_mesh.DATA_AXIS))
+
+
 @functools.lru_cache(maxsize=4)
 def stacked_train(steps: steps_lib.Steps):
   """(state [seeds, ...], batch [seeds, rows, length]) -> (state, metrics [seeds]) compiled:
   `steps.train_step` vmapped over the seed axis, the batch's rows split over the data axis,
   the state's buffers donated."""
-  batch_sharding = NamedSharding(steps.mesh, PartitionSpec(None, device_mesh.DATA_AXIS))
-  return jax.jit(jax.vmap(steps.train_step), in_shardings=(steps.replicated, batch_sharding),
+  return jax.jit(jax.vmap(steps.train_step),
+                 in_shardings=(steps.replicated, seeds_batch_sharding(steps)),
                  out_shardings=(steps.replicated, steps.replicated), donate_argnums=0)
+
+
+def stacked_batch(steps: steps_lib.Steps,
+                  local_batches: Sequence[dict[str, np.ndarray]]) -> steps_lib.Batch:
+  """Each seed's rows of this process [rows/process_count, length], stacked on the host into
+  one global batch [seeds, rows, length] per key (one transfer a key, as `Steps.global_batch`
+  makes for one seed)."""
+  sharding = seeds_batch_sharding(steps)
+  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches]) for k in pipeline.BATCH_KEYS}
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in stacked.items()}
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -129,8 +146,8 @@ def _stacked_loop(configs: Sequence[run_config.RunConfig], workdirs: Sequence[st
     ]
     active = list(range(len(runs)))  # the seeds in the stack, in its order
     for step in range(first + 1, last + 1):
-      batches = [steps.global_batch(next(runs[i].opened.train_iterator)) for i in active]
-      state, metrics = step_fn(state, stack(batches))
+      batch = stacked_batch(steps, [next(runs[i].opened.train_iterator) for i in active])
+      state, metrics = step_fn(state, batch)
       for position, i in enumerate(active):
         runs[i].records.push(step, unstack(metrics, position))
       preempted = preemption.reached(step)

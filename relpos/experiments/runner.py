@@ -155,8 +155,8 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
     if stack_seeds and run not in trained:
       trained.update(_train_stacked([r for r in runs if r.row == run.row], task, overrides))
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
-    result = (None if trained.get(run, {}).get("preempted") else single_run.run_one(
-        run.table, run.row, run.seed, task, run.workdir, overrides, trained.get(run)))
+    result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides,
+                                trained.get(run))
     if result is None:
       logging.warning(
           "Preempted during %s: its checkpoint is saved; rerun the same command "
