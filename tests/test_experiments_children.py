@@ -1,14 +1,26 @@
 """Tests for relpos.experiments.children: runs as child processes, tied to the table."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import tiny_table
 from relpos.experiments import children
+from relpos.experiments import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A stand-in child: prints its memory share, then waits for SIGTERM and exits as a run saving
+# its checkpoint does.
+WAITS_FOR_SIGTERM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))
+print("ready", os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"], flush=True)
+time.sleep(120)
+"""
 
 
 def test_failure_says_why_a_child_ended_without_a_result():
@@ -43,6 +55,52 @@ def test_run_all_runs_each_command_at_most_n_at_once_and_reports_each_end(tmp_pa
     assert f"hi from {run.name}" in open(run.log).read()
   printed = capsys.readouterr().out
   assert printed.index("started r1") < printed.index("started r2")
+
+
+def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, monkeypatch,
+                                                                      capsys):
+  output_dir, data_dir = str(tmp_path / "out"), str(tmp_path / "tfds")
+
+  def stand_in(run, task, overrides):
+    if run.row == "none":
+      return [sys.executable, "-c", "import sys; sys.exit('none failed')"]
+    return [sys.executable, "-c", WAITS_FOR_SIGTERM]
+
+  def logs(rows):
+    return [
+        os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log")
+        for row in rows
+    ]
+
+  def terminate_when_ready():
+    for _ in range(600):
+      if all(os.path.exists(p) and "ready" in open(p).read() for p in logs(["abs", "rel_kv"])):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.1)
+
+  monkeypatch.setattr(runner, "child_command", stand_in)
+  handler = signal.getsignal(signal.SIGTERM)
+  threading.Thread(target=terminate_when_ready, daemon=True).start()
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["none", "abs",
+                                   "rel_kv"], parallel=2, overrides=tiny_table.overrides(data_dir))
+  printed = capsys.readouterr().out
+  assert outputs["preempted"] and outputs["failed"] == logs(["none"])
+  assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
+  assert "none failed" in open(logs(["none"])[0]).read()
+  # two at once: rel_kv started only when none had ended
+  assert (printed.index("failed: synthetic-ablation-none")
+          < printed.index("started synthetic-ablation-rel_kv"))
+  for log in logs(["abs", "rel_kv"]):
+    assert "ready 0.450" in open(log).read() and "saved" in open(log).read()
+  assert "stopping synthetic-ablation-abs-seed0, synthetic-ablation-rel_kv-seed0" in printed
+  assert signal.getsignal(signal.SIGTERM) is handler
+  with open(os.path.join(output_dir, "results.json")) as f:
+    assert json.load(f)["runs"] == []
+  # the children were stand-ins: the parent prepared the dataset and the tokenizer
+  assert os.listdir(os.path.join(data_dir, "synthetic_translation"))
+  assert os.listdir(os.path.join(data_dir, "relpos_tokenizers"))
 
 
 PARENT_OF_A_CHILD = """

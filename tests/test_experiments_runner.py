@@ -1,5 +1,6 @@
 """Tests for relpos.experiments.runner: a tiny two-row table, resume, outputs, and the same
-table with its runs as child processes (--parallel)."""
+table with its runs as child processes (--parallel; a signal to such a table is in
+test_experiments_children.py)."""
 
 import contextlib
 import datetime
@@ -9,14 +10,13 @@ import os
 import re
 import shutil
 import signal
-import sys
-import threading
 import time
 
 import flax
 import jax
 import pytest
 
+import tiny_table
 from relpos import metrics_writer
 from relpos.experiments import report
 from relpos.experiments import runner
@@ -31,39 +31,6 @@ single_run.evaluate_run = lambda workdir: os.kill(os.getpid(), signal.SIGKILL)
 sys.argv = ["run_one", *sys.argv[1:]]
 runpy.run_module("relpos.experiments.run_one", run_name="__main__")
 """
-# A stand-in child: prints its memory share, then waits for SIGTERM and exits as a run saving
-# its checkpoint does.
-WAITS_FOR_SIGTERM = """
-import os, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: (print("saved", flush=True), sys.exit(0)))
-print("ready", os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"], flush=True)
-time.sleep(120)
-"""
-
-
-def _tiny_overrides(data_dir: str) -> dict[str, object]:
-  return {
-      "task.tfds_data_dir": data_dir,
-      "task.vocab_size": 64,
-      "task.synthetic.num_train": 200,
-      "task.synthetic.num_validation": 8,
-      "task.synthetic.num_test": 8,
-      "task.synthetic.num_test_long": 8,
-      "model.emb_dim": 16,
-      "model.qkv_dim": 16,
-      "model.mlp_dim": 32,
-      "model.num_heads": 2,
-      "model.num_encoder_layers": 1,
-      "model.num_decoder_layers": 1,
-      "train.num_steps": 4,
-      "train.batch_size": 8,
-      "train.eval_batch_size": 8,
-      "train.log_every_steps": 2,
-      "train.eval_every_steps": 4,
-      "train.checkpoint_every_steps": 4,
-      "train.warmup_steps": 2,
-      "decode.other_checkpoints": "latest",
-  }
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +56,8 @@ def finished_table(tmp_path_factory, compilation_cache):
   root = tmp_path_factory.mktemp("table")
   output_dir = str(root / "out")
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                             rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
+                             rows=["abs",
+                                   "rel_kv"], overrides=tiny_table.overrides(str(root / "tfds")))
   return root, output_dir, outputs
 
 
@@ -186,7 +154,7 @@ def test_rerun_skips_finished_rows(finished_table, monkeypatch):
 
   monkeypatch.setattr(single_run.train, "train_and_evaluate", fail)
   runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                   rows=["abs", "rel_kv"], overrides=_tiny_overrides(str(root / "tfds")))
+                   rows=["abs", "rel_kv"], overrides=tiny_table.overrides(str(root / "tfds")))
   assert os.path.getmtime(
       os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")) == before
 
@@ -229,7 +197,7 @@ def parallel_table(finished_table):
     patch.setattr(runner, "child_command", killing_rel_kv)
     outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                                rows=["abs", "rel_kv"], parallel=2,
-                               overrides=_tiny_overrides(str(root / "tfds")))
+                               overrides=tiny_table.overrides(str(root / "tfds")))
   return output_dir, outputs, out.getvalue()
 
 
@@ -256,7 +224,7 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
   abs_written = os.path.getmtime(os.path.join(abs_dir, "result.json"))
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                              rows=["abs", "rel_kv"], parallel=2,
-                             overrides=_tiny_overrides(str(root / "tfds")))
+                             overrides=tiny_table.overrides(str(root / "tfds")))
   assert outputs["failed"] == [] and not outputs["preempted"]
   assert open(os.path.join(abs_dir, "run.log")).read() == abs_log  # not started again
   assert os.path.getmtime(os.path.join(abs_dir, "result.json")) == abs_written
@@ -264,52 +232,6 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
                                  "run.log")).read()
   assert "Resuming from step 4" in rel_kv_log
   assert _results(output_dir) == _results(in_process_dir)
-
-
-def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, monkeypatch,
-                                                                      capsys):
-  output_dir, data_dir = str(tmp_path / "out"), str(tmp_path / "tfds")
-
-  def stand_in(run, task, overrides):
-    if run.row == "none":
-      return [sys.executable, "-c", "import sys; sys.exit('none failed')"]
-    return [sys.executable, "-c", WAITS_FOR_SIGTERM]
-
-  def logs(rows):
-    return [
-        os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "run.log")
-        for row in rows
-    ]
-
-  def terminate_when_ready():
-    for _ in range(600):
-      if all(os.path.exists(p) and "ready" in open(p).read() for p in logs(["abs", "rel_kv"])):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-      time.sleep(0.1)
-
-  monkeypatch.setattr(runner, "child_command", stand_in)
-  handler = signal.getsignal(signal.SIGTERM)
-  threading.Thread(target=terminate_when_ready, daemon=True).start()
-  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
-                             rows=["none", "abs",
-                                   "rel_kv"], parallel=2, overrides=_tiny_overrides(data_dir))
-  printed = capsys.readouterr().out
-  assert outputs["preempted"] and outputs["failed"] == logs(["none"])
-  assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
-  assert "none failed" in open(logs(["none"])[0]).read()
-  # two at once: rel_kv started only when none had ended
-  assert (printed.index("failed: synthetic-ablation-none")
-          < printed.index("started synthetic-ablation-rel_kv"))
-  for log in logs(["abs", "rel_kv"]):
-    assert "ready 0.450" in open(log).read() and "saved" in open(log).read()
-  assert "stopping synthetic-ablation-abs-seed0, synthetic-ablation-rel_kv-seed0" in printed
-  assert signal.getsignal(signal.SIGTERM) is handler
-  with open(os.path.join(output_dir, "results.json")) as f:
-    assert json.load(f)["runs"] == []
-  # the children were stand-ins: the parent prepared the dataset and the tokenizer
-  assert os.listdir(os.path.join(data_dir, "synthetic_translation"))
-  assert os.listdir(os.path.join(data_dir, "relpos_tokenizers"))
 
 
 def test_a_finished_run_line_gives_the_table_eta(capsys):
@@ -332,7 +254,7 @@ def _copy_table(finished_table, tmp_path) -> tuple[str, dict[str, object]]:
   root, output_dir, _ = finished_table
   copy = str(tmp_path / "out")
   shutil.copytree(output_dir, copy)
-  return copy, _tiny_overrides(str(root / "tfds"))
+  return copy, tiny_table.overrides(str(root / "tfds"))
 
 
 def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work(
@@ -460,7 +382,7 @@ def test_stack_seeds_trains_a_rows_seeds_as_one_program(finished_table, tmp_path
     runner.run_table("ablation", task="synthetic", seeds=[0, 1], output_dir=stacked_dir,
                      rows=["abs"], parallel=2, stack_seeds=True)
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0, 1], output_dir=stacked_dir,
-                             rows=["abs"], overrides=_tiny_overrides(str(root / "tfds")),
+                             rows=["abs"], overrides=tiny_table.overrides(str(root / "tfds")),
                              stack_seeds=True)
   assert not outputs["preempted"]
   assert ("relpos: training synthetic-ablation-abs-seed0, synthetic-ablation-abs-seed1 as one "
