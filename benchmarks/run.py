@@ -2,7 +2,8 @@
 
   python -m benchmarks.run                       # everything (15 minutes on 2 idle CPU cores)
   python -m benchmarks.run --quick               # fewer lengths, variants and rounds
-  python -m benchmarks.run --sections=decode     # some of: attention, train_step, profile, decode
+  python -m benchmarks.run --sections=decode     # some of: attention, train_step, profile,
+                                                 # decode, seed_stack
 
 Sections not run keep their previous results in `results.json`, so a GPU run can add its
 figures beside the CPU ones: results are stored per backend (`cpu`, `gpu`, `tpu`).
@@ -20,12 +21,13 @@ from benchmarks import attention
 from benchmarks import common
 from benchmarks import decode
 from benchmarks import profile
+from benchmarks import seed_stack
 from benchmarks import train_step
 from relpos import prng
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
-    "decode": decode.run
+    "decode": decode.run, "seed_stack": seed_stack.run
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -131,6 +133,20 @@ def decode_markdown(section: dict[str, Any]) -> list[str]:
   return lines
 
 
+def seed_stack_markdown(section: dict[str, Any]) -> list[str]:
+  lines = [
+      "A row's seeds trained as one program (`--stack_seeds`) against one after another: the "
+      "`abs` train step of the train_step section's models, vmapped over the seeds.", "",
+      "| task | batch | seeds | one seed ms/step | stacked ms/step | gain |",
+      "| --- | --- | --- | --- | --- | --- |"
+  ]
+  for r in section["records"]:
+    lines.append(f"| {r['task']} | {r['batch_size']} x {r['length']} | {r['seeds']} | "
+                 f"{r['one_seed_seconds'] * 1e3:.1f} | {r['stacked_seconds'] * 1e3:.1f} | "
+                 f"{r['gain']:.2f}x |")
+  return lines + ["", "gain = seeds x one seed's step / the stacked step: above 1x, stacking pays."]
+
+
 def targets(results: dict[str, Any], backend: str) -> list[tuple[str, str, str]]:
   """(target, met: yes / no / not run, measured) for each of the project's targets."""
   out = []
@@ -169,7 +185,7 @@ def render(all_results: dict[str, Any]) -> str:
   ]
   renderers = {
       "attention": attention_markdown, "train_step": train_step_markdown,
-      "profile": profile_markdown, "decode": decode_markdown
+      "profile": profile_markdown, "decode": decode_markdown, "seed_stack": seed_stack_markdown
   }
   for backend, results in sorted(all_results.items()):
     machine = results["machine"]

@@ -68,22 +68,24 @@ def _config(row: str, task: str) -> ml_collections.ConfigDict:
 
 
 class CompiledStep(NamedTuple):
-  """One variant's compiled train step with a state and a packed batch to call it on."""
+  """One variant's compiled train step with a state and a packed batch to call it on, and the
+  `Steps` it was compiled from."""
   compiled: jax.stages.Compiled
   state: Any
   batch: dict[str, jax.Array]
   config: ml_collections.ConfigDict
+  steps: steps_lib.Steps
 
 
 def compiled_step(row: str, task: str) -> CompiledStep:
   """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
   config = _config(row, task)
   model_config = run_config.validate(config).model
-  steps = steps_lib.Steps(device_mesh.make_mesh(), model_config, config.train)
+  steps = steps_lib.get_steps(device_mesh.make_mesh(), model_config, config.train)
   batch = steps.global_batch(
       packed_batch(config.train.batch_size, config.task.max_length, model_config.vocab_size))
   state = steps.init(config.seed)
-  return CompiledStep(steps.train.lower(state, batch).compile(), state, batch, config)
+  return CompiledStep(steps.train.lower(state, batch).compile(), state, batch, config, steps)
 
 
 def caller(step: CompiledStep) -> Callable[[], Any]:

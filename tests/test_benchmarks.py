@@ -14,6 +14,7 @@ from benchmarks import common
 from benchmarks import decode
 from benchmarks import profile
 from benchmarks import run
+from benchmarks import seed_stack
 from benchmarks import train_step
 from relpos import variants
 from relpos.data import pipeline
@@ -104,7 +105,13 @@ def _results():
           "machine": machine, "load": [1.0, 1.0, 1.0], "attention": {
               "records": [plain, attention_record], "check": {}, "notes": [], "dtype": "float32",
               "heads": 8, "depth": 64
-          }, "train_step": {"tasks": [step], "notes": []}, "profile": profiled, "decode": decoding
+          }, "train_step": {"tasks": [step], "notes": []}, "profile": profiled, "decode": decoding,
+          "seed_stack": {
+              "records": [{
+                  "task": "synthetic", "seeds": 3, "batch_size": 32, "length": 48, "devices": 1,
+                  "one_seed_seconds": 0.1, "stacked_seconds": 0.25, "gain": 1.2
+              }]
+          }
       }
   }
 
@@ -126,8 +133,10 @@ def test_profile_runs_on_cpu_only():
 
 def test_markdown_has_every_section():
   text = run.render(_results())
-  for heading in ("## cpu: cpu", "### attention", "### train_step", "### profile", "### decode"):
+  for heading in ("## cpu: cpu", "### attention", "### train_step", "### profile", "### decode",
+                  "### seed_stack"):
     assert heading in text
+  assert "| synthetic | 32 x 48 | 3 | 100.0 | 250.0 | 1.20x |" in text
   assert "| gather | 1.00 | 1.70 | +0.70 | +10.0% |" in text
   assert "| total | 7.00 | 7.70 | +0.70 | +10.0% |" in text
   assert "rel_kv / abs: 1.080x." in text
@@ -212,3 +221,11 @@ def test_results_go_to_a_new_folder(tmp_path):
   path = tmp_path / "new" / "results.md"
   run._write(str(path), "text")
   assert path.read_text(encoding="utf-8") == "text"
+
+
+def test_seed_stack_times_one_seed_and_the_stacked_step(monkeypatch):
+  monkeypatch.setattr(train_step, "batch_sizes", lambda: {"synthetic": 4})
+  [record] = seed_stack.run(rounds=1)["records"]
+  assert (record["task"], record["seeds"], record["batch_size"]) == ("synthetic", 3, 4)
+  assert record["one_seed_seconds"] > 0 and record["stacked_seconds"] > 0
+  assert record["gain"] == pytest.approx(3 * record["one_seed_seconds"] / record["stacked_seconds"])
