@@ -301,20 +301,22 @@ def temp_growth(records: list[dict[str, Any]], variant: str = "rel_kv") -> dict[
   """How `variant`'s extra temporary memory over plain grows with n and k.
 
   Returns extra bytes per (n, k) and, per k, the exponent p of extra ~ n^p fitted between the
-  two longest lengths (1 for O(n k) growth, 2 for O(n^2) growth).
+  two longest lengths where `variant` needs more than plain (1 for O(n k) growth, 2 for O(n^2)
+  growth), and those two lengths.
   """
   plain = {r["n"]: r["temp_bytes"] for r in records if r["variant"] == "plain"}
   extra = {}
   for r in records:
     if r["variant"] == variant and r["temp_bytes"] is not None:
       extra[(r["n"], r["k"])] = (r["temp_bytes"] - plain[r["n"]], r["batch"])
-  exponents = {}
+  exponents, fitted_between = {}, {}
   for k in sorted({k for _, k in extra}):
     points = sorted((n, e / b) for (n, kk), (e, b) in extra.items() if kk == k and e > 0)
     if len(points) >= 2:
       (n0, e0), (n1, e1) = points[-2], points[-1]
       exponents[str(k)] = math.log(e1 / e0) / math.log(n1 / n0)
+      fitted_between[str(k)] = (n0, n1)
   return {
       "extra_bytes": {f"n={n},k={k}": e for (n, k), (e, _) in sorted(extra.items())},
-      "exponent_per_row": exponents
+      "exponent_per_row": exponents, "fitted_between": fitted_between
   }

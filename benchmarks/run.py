@@ -71,9 +71,11 @@ def attention_markdown(section: dict[str, Any]) -> list[str]:
                  f"{_ratio(r['temp_ratio'])} | {flops} | {_ratio(r['flops_ratio'])} |")
   growth = attention.temp_growth(section["records"])
   lines += [
-      "", "rel_kv extra temporary memory over plain grows as n^p per row, p fitted between "
-      "the two longest lengths: " +
-      ", ".join(f"k={k}: p={p:.2f}" for k, p in growth["exponent_per_row"].items()) + "."
+      "", "rel_kv extra temporary memory over plain grows as n^p per row, p fitted between the "
+      "two longest lengths where rel_kv needs more than plain: " +
+      ", ".join(f"k={k}: p={p:.2f} (n={growth['fitted_between'][k][0]} to "
+                f"{growth['fitted_between'][k][1]})"
+                for k, p in growth["exponent_per_row"].items()) + "."
   ]
   lines += [f"- {note}" for note in section["notes"]]
   return lines
