@@ -26,8 +26,10 @@ def test_only_the_chosen_signals_and_the_callback_may_stop_the_work_at_once():
   def stop_now(name: str) -> None:
     raise Stop(name)
 
+  # What the process inherited (a command started with `&` from a script ignores SIGINT).
+  sigint, sigterm = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
   with pytest.raises(Stop, match="SIGTERM"):
     with preemption.Preemption(signals=(signal.SIGTERM,), on_signal=stop_now):
-      assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+      assert signal.getsignal(signal.SIGINT) is sigint
       os.kill(os.getpid(), signal.SIGTERM)
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) is sigterm
