@@ -1,6 +1,6 @@
 """Runs the benchmarks and writes `results.json` and `results.md` (issue targets checked).
 
-  python -m benchmarks.run                       # everything (15 minutes on 2 idle CPU cores)
+  python -m benchmarks.run                       # everything (17.5 minutes on 2 idle CPU cores)
   python -m benchmarks.run --quick               # fewer lengths, variants and rounds
   python -m benchmarks.run --sections=decode     # some of: attention, train_step, profile,
                                                  # decode, seed_stack

@@ -28,16 +28,13 @@ def run_task(task: str, *, seeds: int, rounds: int) -> dict[str, Any]:
   steps = one.steps
   states = seed_stack.stack([steps.init(one.config.seed + s) for s in range(seeds)])
   batch = seed_stack.stacked_batch(steps, [jax.device_get(one.batch)] * seeds)
-  stacked = seed_stack.stacked_train(steps).lower(states, batch).compile()
-  holder = {"states": states}
-
-  def call_stacked() -> Any:
-    holder["states"], metrics = stacked(holder["states"], batch)
-    return metrics
-
+  stacked = train_step.CompiledStep(
+      seed_stack.stacked_train(steps).lower(states, batch).compile(), states, batch, one.config,
+      steps)
   common.progress(f"seed stack {task}: timing 1 seed and {seeds} stacked")
-  seconds = common.interleaved_medians({"one": train_step.caller(one), "stacked": call_stacked},
-                                       rounds=rounds, warmup=2)
+  seconds = common.interleaved_medians(
+      {"one": train_step.caller(one), "stacked": train_step.caller(stacked)}, rounds=rounds,
+      warmup=2)
   return {
       "task": task, "seeds": seeds, "batch_size": one.config.train.batch_size,
       "length": one.config.task.max_length, "devices": len(jax.devices()),
