@@ -32,6 +32,19 @@ USER_ERRORS = (ValueError, OSError, locks.WorkdirInUseError, recorder.NonFiniteE
 QUIET_PACKAGES = ("orbax", "tensorflow_datasets", "grain")
 
 
+def _is_io_failure(error: BaseException | None) -> bool:
+  """Whether `error`, or an error it was raised from, is an OSError or ValueError: Orbax wraps a
+  failed array read in a bare Exception ("Encountered error while reading array index ...")
+  raised from tensorstore's ValueError."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, (OSError, ValueError)):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
+
+
 class LibraryNoiseFilter(python_logging.Filter):
   """Drops records below ERROR logged from a module of QUIET_PACKAGES, and Orbax's records of
   an OSError or ValueError with its traceback: a failed background save, which Orbax logs from
@@ -42,7 +55,7 @@ class LibraryNoiseFilter(python_logging.Filter):
     if not any(p in parts for p in QUIET_PACKAGES):
       return True
     error = record.exc_info[1] if record.exc_info else None
-    if "orbax" in parts and isinstance(error, (OSError, ValueError)):
+    if "orbax" in parts and _is_io_failure(error):
       return False
     return record.levelno >= python_logging.ERROR
 
@@ -52,12 +65,13 @@ LIBRARY_NOISE = LibraryNoiseFilter()
 
 class UnretrievedReadFilter(python_logging.Filter):
   """Drops asyncio's "Task exception was never retrieved" records of an OSError or ValueError
-  raised in Orbax's code: the sibling reads of a checkpoint read that failed (a checkpoint that
-  training deleted while `eval.py` read it), whose first error Orbax raised and relpos handled
-  (`relpos.checkpoints.restore_newest`). Each carried a tensorstore spec of 1,000 characters."""
+  (or an error raised from one) in Orbax's code: the sibling reads of a checkpoint read that
+  failed (a checkpoint that training deleted while `eval.py` read it, or a truncated one), whose
+  first error Orbax raised and relpos handled (`relpos.checkpoints.restore_newest`). Each carried
+  a tensorstore spec of 1,000 characters."""
   def filter(self, record: python_logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    if not (isinstance(error, (OSError, ValueError)) and
+    if not (_is_io_failure(error) and
             str(record.msg).startswith("Task exception was never retrieved")):
       return True
     files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]

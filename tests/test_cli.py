@@ -98,6 +98,10 @@ def test_start_drops_orbax_records_of_a_failed_save_that_relpos_raises(parsed_fl
   failed = _record(future, python_logging.ERROR)
   failed.exc_info = (OSError, OSError(28, "No space left on device"), None)
   assert not absl_logger.filter(failed)
+  wrapped = Exception("Encountered error while reading array index")
+  wrapped.__cause__ = ValueError("FAILED_PRECONDITION: Truncated Zstd-compressed stream")
+  failed.exc_info = (Exception, wrapped, None)
+  assert not absl_logger.filter(failed)
   other = _record(future, python_logging.ERROR)
   other.exc_info = (KeyError, KeyError("x"), None)
   assert absl_logger.filter(other)  # not one that relpos raises: kept
@@ -109,14 +113,23 @@ async def read():
                    "missing [tensorstore_spec='{...}']")
 """
 
+# Orbax's async_deserialize wraps the failed read of a truncated array file in a bare Exception.
+FAILING_WRAPPED_READ = """
+async def read():
+  try:
+    raise ValueError("FAILED_PRECONDITION: Truncated Zstd-compressed stream")
+  except BaseException as e:
+    raise Exception("Encountered error while reading array index: (slice(0, 64, 1),)") from e
+"""
 
-def _unretrieved_read(folder) -> None:
-  """Runs `read` of FAILING_READ written in `folder`/reader.py as a task whose exception is never
+
+def _unretrieved_read(folder, source: str) -> None:
+  """Runs `read` of `source` written in `folder`/reader.py as a task whose exception is never
   retrieved (as the sibling reads of a failed checkpoint read are), then collects it."""
   folder.mkdir(parents=True)
-  (folder / "reader.py").write_text(FAILING_READ)
+  (folder / "reader.py").write_text(source)
   namespace = {}
-  code = compile(FAILING_READ, str(folder / "reader.py"), "exec")
+  code = compile(source, str(folder / "reader.py"), "exec")
   exec(code, namespace)  # pylint: disable=exec-used
   loop = asyncio.new_event_loop()
   task = loop.create_task(namespace["read"]())
@@ -126,13 +139,16 @@ def _unretrieved_read(folder) -> None:
   gc.collect()
 
 
-def test_start_drops_asyncio_reports_of_orbax_reads_left_unretrieved(parsed_flags, tmp_path,
-                                                                     caplog):
+@pytest.mark.parametrize("source", [FAILING_READ, FAILING_WRAPPED_READ], ids=["raw", "wrapped"])
+def test_start_drops_asyncio_reports_of_orbax_reads_left_unretrieved(parsed_flags, tmp_path, caplog,
+                                                                     source):
   """eval.py beside training printed four of them, each with a tensorstore spec."""
+  gc.collect()  # tasks that earlier tests left unretrieved are reported now, not below
+  caplog.clear()
   cli.start("")
-  _unretrieved_read(tmp_path / "site-packages" / "orbax" / "checkpoint")
+  _unretrieved_read(tmp_path / "site-packages" / "orbax" / "checkpoint", source)
   assert "never retrieved" not in caplog.text
-  _unretrieved_read(tmp_path / "mine")  # not Orbax's: kept
+  _unretrieved_read(tmp_path / "mine", source)  # not Orbax's: kept
   assert "Task exception was never retrieved" in caplog.text
 
 
