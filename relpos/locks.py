@@ -12,6 +12,7 @@ flock works across hosts on NFSv4 and Lustre, not on every network filesystem.
 import contextlib
 import fcntl
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -22,6 +23,10 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from relpos import workdir_files
+
+# Linux's table of the file locks held now ("1: FLOCK  ADVISORY  WRITE <pid> <dev>:<inode> ..."):
+# where it exists, whether a lock is held is read there, without taking it.
+PROC_LOCKS = "/proc/locks"
 
 
 class WorkdirInUseError(RuntimeError):
@@ -43,6 +48,54 @@ def _try_lock(path: str):
                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
   handle.flush()
   return handle, None
+
+
+def _locked_inodes() -> set[int] | None:
+  """The inodes of the files flock-ed now by any process (PROC_LOCKS; locks waited for are not
+  held), or None where the system has no PROC_LOCKS. Inodes alone: an overlay filesystem reports
+  another device number there than os.stat does."""
+  try:
+    with open(PROC_LOCKS, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  inodes = set()
+  for line in lines:
+    match = re.search(r" FLOCK .* [0-9a-f]+:[0-9a-f]+:(\d+) ", line)
+    if match and "->" not in line.split():
+      inodes.add(int(match.group(1)))
+  return inodes
+
+
+def _recorded_process_alive(recorded: str) -> bool:
+  """Whether the process a lock file records ("process <pid> on host <host>, ...") runs on this
+  host now (the fallback where there is no PROC_LOCKS)."""
+  match = re.match(r"process (\d+) on host (\S+),", recorded)
+  if not match or match.group(2) != socket.gethostname():
+    return False
+  try:
+    os.kill(int(match.group(1)), 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # alive, another user's
+  return True
+
+
+def holder(folder: str, lock_file: str = workdir_files.LOCK_FILE) -> str | None:
+  """Who holds the lock `folder/lock_file` now, as the file records it ("process <pid> on host
+  <host>, started <time>"), or None when no process holds it. Read without taking the lock:
+  taking it, even for an instant, could refuse a run starting then."""
+  path = os.path.join(folder, lock_file)
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = f.read().strip()
+    inode = os.stat(path).st_ino
+  except FileNotFoundError:
+    return None
+  locked = _locked_inodes()
+  held = inode in locked if locked is not None else _recorded_process_alive(recorded)
+  return (recorded or "a process that has not written its name yet") if held else None
 
 
 @contextlib.contextmanager

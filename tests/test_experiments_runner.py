@@ -21,6 +21,7 @@ from relpos import metrics_writer
 from relpos.experiments import report
 from relpos.experiments import runner
 from relpos.experiments import single_run
+from relpos.experiments import status
 
 # A child run killed outright (SIGKILL) after training, its last checkpoint saved, before its
 # evaluation and result.
@@ -353,6 +354,23 @@ def test_time_is_summed_over_every_start_of_a_run(finished_table, tmp_path):
   assert result["time_s"]["training"] + result["time_s"]["validation"] == pytest.approx(
       metrics_writer.elapsed_seconds(metrics_writer.read_metrics(workdir)))
   assert result["wall_time_s"] == pytest.approx(sum(result["time_s"].values()))
+
+
+def test_status_of_a_real_table_reads_its_runs(finished_table, tmp_path):
+  """relpos.experiments.status on the files a table really writes (the states themselves are
+  tested in test_experiments_status.py): a finished run, and one whose result was removed."""
+  output_dir, _ = _copy_table(finished_table, tmp_path)
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], output_dir)
+  os.remove(runs[1].result)
+  finished, stopped = (status.run_status(run) for run in runs)
+  records = metrics_writer.read_metrics(runs[0].workdir)
+  last_validation = [r for r in records if r["split"] == "validation"][-1]
+  assert (finished.state, finished.step, finished.num_steps, finished.checkpoint) == ("finished", 4,
+                                                                                      4, 4)
+  assert finished.validation == (4, last_validation["bleu"])
+  with open(runs[0].result, encoding="utf-8") as f:
+    assert finished.test == ("test", json.load(f)["scores"]["test"]["bleu"])
+  assert (stopped.state, stopped.step, stopped.checkpoint, stopped.test) == ("stopped", 4, 4, None)
 
 
 def test_order_seeds_runs_every_row_of_a_seed_first(tmp_path):

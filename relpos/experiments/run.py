@@ -25,10 +25,14 @@ again). A second table on the same --output_dir is refused. The exit status is 1
 failed (its log is named).
 
 A long table on a shared machine (hours per run): start it detached and at low priority, with
-its output folder outside the source tree; rerun the same command after any stop:
+its output folder outside the source tree; rerun the same command after any stop, and the same
+command with --status to see where it stands:
   setsid nice -n 19 python -m relpos.experiments.run --table=ablation --task=multi30k_gpu \
       --rows=rel_kv,abs,none --seeds=3 --order=seeds --set=model.dtype=float32 \
       --output_dir=$HOME/relpos-runs/multi30k >> $HOME/relpos-runs/multi30k.log 2>&1 &
+  python -m relpos.experiments.run --table=ablation --task=multi30k_gpu \
+      --rows=rel_kv,abs,none --seeds=3 --order=seeds --output_dir=$HOME/relpos-runs/multi30k \
+      --status
 """
 
 import sys
@@ -41,6 +45,7 @@ from ml_collections import config_flags
 from relpos import cli
 from relpos.experiments import children
 from relpos.experiments import runner
+from relpos.experiments import status
 from relpos.experiments import tables
 
 _IMPORT = cli.define_import_flag()  # first: its variants become rows and config fields
@@ -70,6 +75,10 @@ _STACK_SEEDS = flags.DEFINE_bool(
     "their states stacked, one compiled step over every seed), then evaluate each as usual; "
     "the runs' files and results are those of seeds trained alone. With --parallel=1 only.")
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
+_STATUS = flags.DEFINE_bool(
+    "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
+    "state, step, newest checkpoint, last validation and test BLEU) and exit: the table's own "
+    "command with --status added, safe while it runs.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
@@ -101,6 +110,17 @@ def main(argv: Sequence[str]) -> None:
     return
   if not _OUTPUT_DIR.value:
     sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")
+
+  if _STATUS.value:
+
+    def report() -> str:
+      rows = runner.table_rows(_TABLE.value, _ROWS.value)
+      runs = runner.table_runs(_TABLE.value, _TASK.value, rows, range(_SEEDS.value),
+                               _OUTPUT_DIR.value, _ORDER.value)
+      return status.report(_TABLE.value, _TASK.value, runs, _OUTPUT_DIR.value)
+
+    print(cli.run(argv, report))
+    return
 
   def table() -> dict[str, object]:
     return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),

@@ -77,6 +77,23 @@ class Run:
     return os.path.join(self.workdir, results.RESULT_FILE)
 
 
+def table_rows(table: str, rows: Sequence[str] | None) -> list[str]:
+  """`rows` of `table`, or all of its rows when `rows` is empty.
+
+  Raises:
+    ValueError: an unknown table, or a row not in it, naming the allowed ones.
+  """
+  if table not in tables.TABLES:
+    raise ValueError(f"unknown table {table!r}; allowed: {', '.join(tables.TABLES)}.")
+  rows = list(rows or tables.TABLES[table])
+  for row in rows:
+    if not tables.row_in_table(row, table):
+      any_k = " or any k=<int>" if table == "k_sweep" else ""
+      raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
+                       f"{', '.join(tables.TABLES[table])}{any_k}.")
+  return rows
+
+
 def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int], output_dir: str,
                order: str = "rows") -> list[Run]:
   """Every (row, seed) of a table on `task`, with its workdir under `output_dir/runs` (named
@@ -305,8 +322,6 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       finished run made with another config (see `pending_runs`).
     locks.WorkdirInUseError: another table runs in `output_dir`.
   """
-  if table not in tables.TABLES:
-    raise ValueError(f"unknown table {table!r}; allowed: {', '.join(tables.TABLES)}.")
   if not seeds:
     raise ValueError("no seeds to run: --seeds must be at least 1.")
   if parallel < 1:
@@ -316,12 +331,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
                      f"parallel={parallel}.")
   if order not in ORDERS:
     raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
-  rows = list(rows or tables.TABLES[table])
-  for row in rows:
-    if not tables.row_in_table(row, table):
-      any_k = " or any k=<int>" if table == "k_sweep" else ""
-      raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
-                       f"{', '.join(tables.TABLES[table])}{any_k}.")
+  rows = table_rows(table, rows)
   for row in rows:  # every config valid before any work
     config_lib.validate(tables.one_run_config(row, seeds[0], task, overrides))
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):

@@ -1,0 +1,141 @@
+"""Where a table stands, read from its output folder while it runs: whether a table process
+holds the folder, and for each planned run its state, its last logged step, the checkpoint a
+restart resumes from, its last validation BLEU and, once finished, its test BLEU.
+
+Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
+--status`: the table's own command, with --status added):
+
+  Table ablation on multi30k_gpu in /runs/m30k: running (process 10923 on host vm, ...).
+  1 of 3 runs finished, 1 running, 1 not started.
+
+  run                               state        step       checkpoint  validation BLEU  ...
+  multi30k_gpu-ablation-abs-seed0   finished     8000/8000  8000        41.0 at 8000     ...
+  multi30k_gpu-ablation-none-seed0  running      4300/8000  4300        27.6 at 4000     ...
+  multi30k_gpu-ablation-abs-seed1   not started  -          -           -                ...
+"""
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+
+from relpos import json_files
+from relpos import locks
+from relpos import metrics_writer
+from relpos import workdir_files
+from relpos.experiments import results
+from relpos.experiments import runner
+from relpos.experiments import single_run
+from relpos.experiments import verdicts
+
+# A run's states: its result.json written; a process holds its run or train lock (training or
+# evaluating); its folder exists (a restart resumes it from its newest checkpoint); no folder.
+STATES = ("finished", "running", "stopped", "not started")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+  """One planned run of a table, as its folder shows it."""
+  name: str
+  state: str  # one of STATES
+  step: int | None = None  # the last train record's step
+  num_steps: int | None = None  # its config's train.num_steps
+  checkpoint: int | None = None  # the newest checkpoint's step: where a restart resumes
+  validation: tuple[int, float] | None = None  # the last validation: (step, BLEU)
+  test: tuple[str, float] | None = None  # finished: (the main test split, its BLEU)
+  updated: float | None = None  # when its metrics (or result) were last written, epoch seconds
+
+
+def newest_checkpoint(workdir: str) -> int | None:
+  """The step of the newest checkpoint folder in `workdir` (Orbax names them by step; a
+  temporary folder of a save in flight is not one), or None."""
+  folder = os.path.join(workdir, workdir_files.CHECKPOINT_DIR)
+  steps = [int(n) for n in os.listdir(folder) if n.isdigit()] if os.path.isdir(folder) else []
+  return max(steps, default=None)
+
+
+def run_status(run: runner.Run) -> RunStatus:
+  """The state of `run` read from its folder.
+
+  Raises:
+    ValueError: its metrics.jsonl, config.json or result.json is not readable, naming it.
+  """
+  if not os.path.isdir(run.workdir):
+    return RunStatus(run.name, "not started")
+  records = metrics_writer.read_metrics(run.workdir)
+  trained = [r["step"] for r in records if r["split"] == "train"]
+  validations = [(r["step"], r["bleu"])
+                 for r in records
+                 if r["split"] == "validation" and r.get("bleu") is not None]
+  config_path = os.path.join(run.workdir, workdir_files.CONFIG_FILE)
+  num_steps = (json_files.read_json(config_path)["train"]["num_steps"]
+               if os.path.exists(config_path) else None)
+  metrics_path = os.path.join(run.workdir, workdir_files.METRICS_FILE)
+  updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
+  test = None
+  if os.path.exists(run.result):
+    state, result = "finished", results.read_result(run.result)
+    split = verdicts.main_test_split([result])
+    test = (split, result["scores"][split]["bleu"]) if split in result["scores"] else None
+    updated = os.path.getmtime(run.result)
+  elif (locks.holder(run.workdir, single_run.LOCK_FILE) or
+        locks.holder(run.workdir, workdir_files.LOCK_FILE)):
+    state = "running"
+  else:
+    state = "stopped"
+  return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
+                   checkpoint=newest_checkpoint(run.workdir),
+                   validation=validations[-1] if validations else None, test=test, updated=updated)
+
+
+def _cell(value: object) -> str:
+  return "-" if value is None else str(value)
+
+
+def _row(status: RunStatus) -> list[str]:
+  step = None if status.step is None else f"{status.step}/{_cell(status.num_steps)}"
+  validation = (None if status.validation is None else
+                f"{status.validation[1]:.1f} at {status.validation[0]}")
+  updated = (None if status.updated is None else time.strftime("%Y-%m-%d %H:%M UTC",
+                                                               time.gmtime(status.updated)))
+  test = None if status.test is None else f"{status.test[1]:.1f}"
+  return [
+      status.name, status.state,
+      _cell(step),
+      _cell(status.checkpoint),
+      _cell(validation),
+      _cell(test),
+      _cell(updated)
+  ]
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
+  """The table's state in `output_dir` and one line per run of `runs` (in their order), then
+  the runs in the folder that `runs` does not name (another --rows or --seeds)."""
+  table_holder = locks.holder(output_dir, runner.TABLE_LOCK_FILE)
+  running = f"running ({table_holder})" if table_holder else "not running"
+  statuses = [run_status(run) for run in runs]
+  counts = ", ".join(f"{sum(s.state == state for s in statuses)} {state}" for state in STATES[1:]
+                     if any(s.state == state for s in statuses))
+  finished = sum(s.state == "finished" for s in statuses)
+  splits = [s.test[0] for s in statuses if s.test]
+  header = [
+      "run", "state", "step", "checkpoint", "validation BLEU",
+      f"{splits[0] if splits else 'test'} BLEU", "updated"
+  ]
+  lines = [
+      f"Table {table} on {task} in {os.path.abspath(output_dir)}: {running}.",
+      f"{finished} of {len(statuses)} runs finished" + (f", {counts}." if counts else "."), "",
+      *_aligned([header] + [_row(s) for s in statuses])
+  ]
+  runs_dir = os.path.join(output_dir, results.RUNS_DIR)
+  planned = {run.name for run in runs}
+  others = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
+                  if n not in planned and results.REPLACED_MARK not in n)
+  if others:
+    lines += ["", f"Also in {runs_dir}, not in these rows and seeds: {', '.join(others)}."]
+  return "\n".join(lines)

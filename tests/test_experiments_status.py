@@ -1,0 +1,166 @@
+"""Tests for relpos.experiments.status and locks.holder: a table's state read from its folder
+(folders made here as a run leaves them; a real finished table's status is checked in
+test_experiments_runner.py), and the `--status` command."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from relpos import json_files
+from relpos import locks
+from relpos import workdir_files
+from relpos.experiments import runner
+from relpos.experiments import single_run
+from relpos.experiments import status
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_folder(workdir: str, *, trained: int, validated: dict[int, float], saved: list[int],
+                num_steps: int = 8) -> None:
+  """A run's folder as training leaves it: config.json, metrics.jsonl with a train record every
+  2 steps up to `trained` and validations {step: BLEU}, checkpoint folders `saved` and one save
+  in flight."""
+  os.makedirs(os.path.join(workdir, workdir_files.CHECKPOINT_DIR))
+  json_files.write_json(os.path.join(workdir, workdir_files.CONFIG_FILE),
+                        {"train": {"num_steps": num_steps}})
+  with open(os.path.join(workdir, workdir_files.METRICS_FILE), "w", encoding="utf-8") as f:
+    for step in range(2, trained + 1, 2):
+      f.write(json.dumps({"step": step, "split": "train", "smoothed_loss": 1.0}) + "\n")
+      if step in validated:
+        f.write(json.dumps({"step": step, "split": "validation", "bleu": validated[step]}) + "\n")
+    f.write('{"step": 99, "split": "tr')  # a line cut by a kill: not a record
+  for step in saved:
+    os.makedirs(os.path.join(workdir, workdir_files.CHECKPOINT_DIR, str(step)))
+  os.makedirs(
+      os.path.join(workdir, workdir_files.CHECKPOINT_DIR, f"{trained}.orbax-checkpoint-tmp-1"))
+
+
+def _finish(run: runner.Run, test_bleu: float) -> None:
+  json_files.write_json(
+      run.result, {
+          "table": run.table, "row": run.row, "seed": run.seed, "task": "synthetic", "config": {},
+          "workdir": f"runs/{run.name}", "scores": {
+              "validation": {"bleu": 50.0}, "test": {"bleu": test_bleu},
+              "test_long": {"bleu": 20.0}
+          }
+      })
+
+
+@pytest.fixture
+def table(tmp_path):
+  """A table of rows abs, rel_kv, none with seeds 0 and 1 in `tmp_path`/out: abs seed 0
+  finished, rel_kv seed 0 stopped at step 6, none seed 0 trained to step 4, the rest not
+  started; a run of another row beside them and one moved aside. Returns (output folder, its
+  runs in the table's order)."""
+  output_dir = str(tmp_path / "out")
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv", "none"], [0, 1], output_dir,
+                           order="seeds")
+  abs0, rel_kv0, none0 = runs[:3]
+  _run_folder(abs0.workdir, trained=8, validated={4: 40.0, 8: 61.25}, saved=[4, 8])
+  _finish(abs0, 58.04)
+  _run_folder(rel_kv0.workdir, trained=6, validated={4: 41.5}, saved=[2, 4, 6])
+  _run_folder(none0.workdir, trained=4, validated={}, saved=[2])
+  os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-rope-seed0"))
+  os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-t5-seed0.replaced-20261124"))
+  return output_dir, runs
+
+
+def test_each_run_is_finished_stopped_running_or_not_started(table):
+  output_dir, runs = table
+  abs0, rel_kv0, none0, abs1 = runs[:4]
+  with locks.hold(none0.workdir, lock_file=single_run.LOCK_FILE):
+    running = status.run_status(none0)
+  assert status.run_status(abs0) == status.RunStatus(abs0.name, "finished", step=8, num_steps=8,
+                                                     checkpoint=8, validation=(8, 61.25),
+                                                     test=("test", 58.04),
+                                                     updated=os.path.getmtime(abs0.result))
+  stopped = status.run_status(rel_kv0)
+  assert (stopped.state, stopped.step, stopped.checkpoint, stopped.validation,
+          stopped.test) == ("stopped", 6, 6, (4, 41.5), None)
+  assert (running.state, running.step, running.checkpoint, running.validation) == ("running", 4, 2,
+                                                                                   None)
+  assert status.run_status(abs1) == status.RunStatus(abs1.name, "not started")
+  assert status.run_status(none0).state == "stopped"  # the lock released
+
+
+def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
+  output_dir, runs = table
+  with locks.hold(output_dir, lock_file=runner.TABLE_LOCK_FILE):
+    with locks.hold(runs[2].workdir):  # none seed 0 trains
+      text = status.report("ablation", "synthetic", runs, output_dir)
+  lines = text.splitlines()
+  assert lines[0] == (f"Table ablation on synthetic in {output_dir}: running (process "
+                      f"{os.getpid()} on host {socket.gethostname()}, started "
+                      f"{lines[0].split('started ')[1]}")
+  assert lines[1] == "1 of 6 runs finished, 1 running, 1 stopped, 3 not started."
+  assert lines[3].split() == [
+      "run", "state", "step", "checkpoint", "validation", "BLEU", "test", "BLEU", "updated"
+  ]
+  cells = [line.split()[:6] for line in lines[4:10]]
+  assert cells == [
+      ["synthetic-ablation-abs-seed0", "finished", "8/8", "8", "61.2", "at"],
+      ["synthetic-ablation-rel_kv-seed0", "stopped", "6/8", "6", "41.5", "at"],
+      ["synthetic-ablation-none-seed0", "running", "4/8", "2", "-", "-"],
+      ["synthetic-ablation-abs-seed1", "not", "started", "-", "-", "-"],
+      ["synthetic-ablation-rel_kv-seed1", "not", "started", "-", "-", "-"],
+      ["synthetic-ablation-none-seed1", "not", "started", "-", "-", "-"],
+  ]
+  assert "58.0" in lines[4]
+  assert lines[-1] == (f"Also in {output_dir}/runs, not in these rows and seeds: "
+                       "synthetic-ablation-rope-seed0.")
+  assert status.report(
+      "ablation", "synthetic", runs,
+      output_dir).startswith(f"Table ablation on synthetic in {output_dir}: not running.\n")
+
+
+def test_holder_reads_the_lock_without_taking_it(tmp_path):
+  folder = str(tmp_path)
+  assert locks.holder(folder) is None  # no lock file
+  with locks.hold(folder):
+    held = locks.holder(folder)
+    assert held.startswith(f"process {os.getpid()} on host {socket.gethostname()}, started ")
+    with pytest.raises(locks.WorkdirInUseError):  # still held
+      with locks.hold(folder):
+        pass
+  assert locks.holder(folder) is None  # the file stays, the lock is gone
+  with locks.hold(folder):  # holder left nothing locked
+    pass
+
+
+def test_holder_without_proc_locks_asks_whether_the_recorded_process_lives(tmp_path, monkeypatch):
+  monkeypatch.setattr(locks, "PROC_LOCKS", str(tmp_path / "no_such_file"))
+  lock = tmp_path / workdir_files.LOCK_FILE
+  this_host = socket.gethostname()
+  lock.write_text(f"process {os.getpid()} on host {this_host}, started 2026-11-24 10:00:00\n")
+  assert locks.holder(str(tmp_path)) == (f"process {os.getpid()} on host {this_host}, started "
+                                         "2026-11-24 10:00:00")
+  ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+  lock.write_text(f"process {ended.stdout.strip()} on host {this_host}, started ...\n")
+  assert locks.holder(str(tmp_path)) is None
+  lock.write_text(f"process {os.getpid()} on host not-{this_host}, started ...\n")
+  assert locks.holder(str(tmp_path)) is None
+
+
+def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):
+  output_dir, _ = table
+  command = [
+      sys.executable, "-m", "relpos.experiments.run", "--table=ablation", "--task=synthetic",
+      "--rows=abs,rel_kv,none", "--seeds=2", "--order=seeds", f"--output_dir={output_dir}",
+      "--status"
+  ]
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+  assert done.stdout.startswith(f"Table ablation on synthetic in {output_dir}: not running.\n"
+                                "1 of 6 runs finished, 2 stopped, 3 not started.\n")
+  assert not os.path.exists(os.path.join(output_dir, runner.TABLE_LOCK_FILE))  # nothing written
+  wrong = subprocess.run(command[:5] + ["--rows=abs,rel_qv"] + command[6:], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+  assert wrong.returncode == 1
+  assert wrong.stderr.strip().splitlines()[-1].startswith(
+      "error: row 'rel_qv' is not in table 'ablation'; allowed: abs, ")
+  assert "Traceback" not in wrong.stderr
