@@ -30,7 +30,7 @@ def _run_folder(workdir: str, *, trained: int, validated: dict[int, float], save
                         {"train": {"num_steps": num_steps}})
   with open(os.path.join(workdir, workdir_files.METRICS_FILE), "w", encoding="utf-8") as f:
     for step in range(2, trained + 1, 2):
-      f.write(json.dumps({"step": step, "split": "train", "smoothed_loss": 1.0}) + "\n")
+      f.write(json.dumps({"step": step, "split": "train", "steps_per_second": 0.5}) + "\n")
       if step in validated:
         f.write(json.dumps({"step": step, "split": "validation", "bleu": validated[step]}) + "\n")
     f.write('{"step": 99, "split": "tr')  # a line cut by a kill: not a record
@@ -44,7 +44,7 @@ def _finish(run: runner.Run, test_bleu: float) -> None:
   json_files.write_json(
       run.result, {
           "table": run.table, "row": run.row, "seed": run.seed, "task": "synthetic", "config": {},
-          "workdir": f"runs/{run.name}", "scores": {
+          "workdir": f"runs/{run.name}", "wall_time_s": 7200.0, "scores": {
               "validation": {"bleu": 50.0}, "test": {"bleu": test_bleu},
               "test_long": {"bleu": 20.0}
           }
@@ -78,7 +78,8 @@ def test_each_run_is_finished_stopped_running_or_not_started(table):
   assert status.run_status(abs0) == status.RunStatus(abs0.name, "finished", step=8, num_steps=8,
                                                      checkpoint=8, validation=(8, 61.25),
                                                      test=("test", 58.04),
-                                                     updated=os.path.getmtime(abs0.result))
+                                                     updated=os.path.getmtime(abs0.result),
+                                                     steps_per_second=0.5, wall_time_s=7200.0)
   stopped = status.run_status(rel_kv0)
   assert (stopped.state, stopped.step, stopped.checkpoint, stopped.validation,
           stopped.test) == ("stopped", 6, 6, (4, 41.5), None)
@@ -99,7 +100,8 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
                       f"{lines[0].split('started ')[1]}")
   assert lines[1] == "1 of 6 runs finished, 1 running, 1 stopped, 3 not started."
   assert lines[3].split() == [
-      "run", "state", "step", "checkpoint", "validation", "BLEU", "test", "BLEU", "updated"
+      "run", "state", "step", "checkpoint", "validation", "BLEU", "test", "BLEU", "updated",
+      "training", "left"
   ]
   cells = [line.split()[:6] for line in lines[4:10]]
   assert cells == [
@@ -111,6 +113,8 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
       ["synthetic-ablation-none-seed1", "not", "started", "-", "-", "-"],
   ]
   assert "58.0" in lines[4]
+  assert lines[6].endswith("UTC  8 s")  # 4 steps left at 0.5 steps/s
+  assert lines[11].startswith("The finished runs took 2 h 00 min each")
   assert lines[-1] == (f"Also in {output_dir}/runs, not in these rows and seeds: "
                        "synthetic-ablation-rope-seed0.")
   assert status.report(

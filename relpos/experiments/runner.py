@@ -119,7 +119,7 @@ def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | Non
     pipeline.get_task(tables.one_run_config(run.row, run.seed, task, overrides).task)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
   """"1 h 02 min", "12 min", "40 s"."""
   if seconds >= 3600:
     return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
@@ -131,7 +131,7 @@ def _print_finished(result: dict[str, Any], done: int, total: int, started: floa
   table's remaining runs will take at the pace since `started` (time.monotonic)."""
   split = single_run.EVAL_SPLITS[result["config"]["task"]["name"]][0]
   left = (time.monotonic() - started) / done * (total - done)
-  eta = f"; ETA {_duration(left)} for the {total - done} left" if done < total else ""
+  eta = f"; ETA {duration(left)} for the {total - done} left" if done < total else ""
   print(
       f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
       f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"

@@ -1,6 +1,7 @@
 """Where a table stands, read from its output folder while it runs: whether a table process
 holds the folder, and for each planned run its state, its last logged step, the checkpoint a
-restart resumes from, its last validation BLEU and, once finished, its test BLEU.
+restart resumes from, its last validation BLEU, once finished its test BLEU, and while it runs
+its training time left at its recent pace.
 
 Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
 --status`: the table's own command, with --status added):
@@ -43,6 +44,12 @@ class RunStatus:
   validation: tuple[int, float] | None = None  # the last validation: (step, BLEU)
   test: tuple[str, float] | None = None  # finished: (the main test split, its BLEU)
   updated: float | None = None  # when its metrics (or result) were last written, epoch seconds
+  steps_per_second: float | None = None  # over its last RECENT_RECORDS train records
+  wall_time_s: float | None = None  # finished: the seconds it took, over all its starts
+
+
+# The train records whose steps per second give a running run's training time left.
+RECENT_RECORDS = 5
 
 
 def newest_checkpoint(workdir: str) -> int | None:
@@ -63,6 +70,9 @@ def run_status(run: runner.Run) -> RunStatus:
     return RunStatus(run.name, "not started")
   records = metrics_writer.read_metrics(run.workdir)
   trained = [r["step"] for r in records if r["split"] == "train"]
+  speeds = [
+      r["steps_per_second"] for r in records if r["split"] == "train" and r.get("steps_per_second")
+  ][-RECENT_RECORDS:]
   validations = [(r["step"], r["bleu"])
                  for r in records
                  if r["split"] == "validation" and r.get("bleu") is not None]
@@ -71,12 +81,12 @@ def run_status(run: runner.Run) -> RunStatus:
                if os.path.exists(config_path) else None)
   metrics_path = os.path.join(run.workdir, workdir_files.METRICS_FILE)
   updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
-  test = None
+  test, wall_time_s = None, None
   if os.path.exists(run.result):
     state, result = "finished", results.read_result(run.result)
     split = verdicts.main_test_split([result])
     test = (split, result["scores"][split]["bleu"]) if split in result["scores"] else None
-    updated = os.path.getmtime(run.result)
+    updated, wall_time_s = os.path.getmtime(run.result), result.get("wall_time_s")
   elif (locks.holder(run.workdir, single_run.LOCK_FILE) or
         locks.holder(run.workdir, workdir_files.LOCK_FILE)):
     state = "running"
@@ -84,7 +94,9 @@ def run_status(run: runner.Run) -> RunStatus:
     state = "stopped"
   return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
                    checkpoint=newest_checkpoint(run.workdir),
-                   validation=validations[-1] if validations else None, test=test, updated=updated)
+                   validation=validations[-1] if validations else None, test=test, updated=updated,
+                   steps_per_second=sum(speeds) / len(speeds) if speeds else None,
+                   wall_time_s=wall_time_s)
 
 
 def _cell(value: object) -> str:
@@ -98,13 +110,17 @@ def _row(status: RunStatus) -> list[str]:
   updated = (None if status.updated is None else time.strftime("%Y-%m-%d %H:%M UTC",
                                                                time.gmtime(status.updated)))
   test = None if status.test is None else f"{status.test[1]:.1f}"
+  left = None
+  if status.state == "running" and status.steps_per_second and status.num_steps:
+    left = runner.duration((status.num_steps - status.step) / status.steps_per_second)
   return [
       status.name, status.state,
       _cell(step),
       _cell(status.checkpoint),
       _cell(validation),
       _cell(test),
-      _cell(updated)
+      _cell(updated),
+      _cell(left)
   ]
 
 
@@ -125,13 +141,21 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
   splits = [s.test[0] for s in statuses if s.test]
   header = [
       "run", "state", "step", "checkpoint", "validation BLEU",
-      f"{splits[0] if splits else 'test'} BLEU", "updated"
+      f"{splits[0] if splits else 'test'} BLEU", "updated", "training left"
   ]
   lines = [
       f"Table {table} on {task} in {os.path.abspath(output_dir)}: {running}.",
       f"{finished} of {len(statuses)} runs finished" + (f", {counts}." if counts else "."), "",
       *_aligned([header] + [_row(s) for s in statuses])
   ]
+  took = sorted(s.wall_time_s for s in statuses if s.wall_time_s)
+  if took:
+    each = (runner.duration(took[0])
+            if len(took) == 1 else f"{runner.duration(took[0])} to {runner.duration(took[-1])}")
+    lines += [
+        "", f"The finished runs took {each} each (all their starts); a running run's "
+        "training left is at the pace of its last steps."
+    ]
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   planned = {run.name for run in runs}
   others = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
