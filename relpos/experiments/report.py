@@ -6,6 +6,7 @@ holds
 
     {"schema_version": 3, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
      "jax_version": "...", "flax_version": "...", "device_kind": "cpu", "device_count": 1,
+     "host_cpu": "AMD EPYC (avx2, fma, avx512f, avx512_bf16)" (from 24 November 2026),
      "runs": [run, ...]}
 
 with one run per (table, row, seed), each also holding the "environment" (versions, device,
