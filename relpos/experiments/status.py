@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from relpos import checkpoints
 from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
@@ -53,11 +54,14 @@ RECENT_RECORDS = 5
 
 
 def newest_checkpoint(workdir: str) -> int | None:
-  """The step of the newest checkpoint folder in `workdir` (Orbax names them by step; a
-  temporary folder of a save in flight is not one), or None."""
-  folder = os.path.join(workdir, workdir_files.CHECKPOINT_DIR)
-  steps = [int(n) for n in os.listdir(folder) if n.isdigit()] if os.path.isdir(folder) else []
-  return max(steps, default=None)
+  """The step of the newest checkpoint in `workdir` as training and evaluation list them (a
+  read-only `checkpoints.make_manager`: a save in flight is not one, nothing is created), or
+  None."""
+  manager = checkpoints.make_manager(workdir, read_only=True)
+  try:
+    return max(manager.all_steps(), default=None)
+  finally:
+    manager.close()
 
 
 def run_status(run: runner.Run) -> RunStatus:
