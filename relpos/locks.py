@@ -33,6 +33,21 @@ class WorkdirInUseError(RuntimeError):
   """Another live process trains in the workdir."""
 
 
+# What a lock file records of the process holding it, written when it takes the lock.
+_HOLDER_LINE = "process {pid} on host {host}, started {time}"
+_HOLDER_PID_AND_HOST = re.compile(r"process (\d+) on host (\S+),")
+_UNNAMED_HOLDER = "a process that has not written its name yet"
+
+
+def _record_holder(handle) -> None:
+  """Writes this process into the lock file `handle`, which it has just locked."""
+  handle.truncate(0)
+  handle.write(
+      _HOLDER_LINE.format(pid=os.getpid(), host=socket.gethostname(), time=time.strftime(
+          "%Y-%m-%d %H:%M:%S")) + "\n")
+  handle.flush()
+
+
 def _try_lock(path: str):
   """The open, locked file at `path` and None, or None and what the file says of its holder."""
   handle = open(path, "a+", encoding="utf-8")
@@ -40,13 +55,10 @@ def _try_lock(path: str):
     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
     handle.seek(0)
-    holder = handle.read().strip()
+    recorded = handle.read().strip()
     handle.close()
-    return None, holder or "a process that has not written its name yet"
-  handle.truncate(0)
-  handle.write(f"process {os.getpid()} on host {socket.gethostname()}, started "
-               f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-  handle.flush()
+    return None, recorded or _UNNAMED_HOLDER
+  _record_holder(handle)
   return handle, None
 
 
@@ -68,9 +80,9 @@ def _locked_inodes() -> set[int] | None:
 
 
 def _recorded_process_alive(recorded: str) -> bool:
-  """Whether the process a lock file records ("process <pid> on host <host>, ...") runs on this
-  host now (the fallback where there is no PROC_LOCKS)."""
-  match = re.match(r"process (\d+) on host (\S+),", recorded)
+  """Whether the process a lock file records (`_HOLDER_LINE`) runs on this host now (the fallback
+  where there is no PROC_LOCKS)."""
+  match = _HOLDER_PID_AND_HOST.match(recorded)
   if not match or match.group(2) != socket.gethostname():
     return False
   try:
@@ -95,7 +107,7 @@ def holder(folder: str, lock_file: str = workdir_files.LOCK_FILE) -> str | None:
     return None
   locked = _locked_inodes()
   held = inode in locked if locked is not None else _recorded_process_alive(recorded)
-  return (recorded or "a process that has not written its name yet") if held else None
+  return (recorded or _UNNAMED_HOLDER) if held else None
 
 
 @contextlib.contextmanager
@@ -118,20 +130,21 @@ def hold(
     WorkdirInUseError: (not `wait`) naming the folder, the process holding it and `busy`.
   """
   path = os.path.join(folder, lock_file)
-  handle, holder = None, None
+  handle, held_by = None, None
   if jax.process_index() == 0:
-    handle, holder = _try_lock(path)
-    if holder is not None and wait:
-      logging.warning("Waiting for %s, which holds %s, to end.", holder, path)
+    handle, held_by = _try_lock(path)
+    if held_by is not None and wait:
+      logging.warning("Waiting for %s, which holds %s, to end.", held_by, path)
       handle = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
       fcntl.flock(handle, fcntl.LOCK_EX)
-      holder = None
-  taken = holder is None
+      _record_holder(handle)
+      held_by = None
+  taken = held_by is None
   if jax.process_count() > 1:
     taken = not multihost_utils.broadcast_one_to_all(np.int32(not taken))
   if not taken:
     raise WorkdirInUseError(
-        f"{what} {folder} is in use by {holder or 'the process 0 of another run'}: {busy}.")
+        f"{what} {folder} is in use by {held_by or 'the process 0 of another run'}: {busy}.")
   try:
     yield
   finally:

@@ -1,4 +1,4 @@
-"""Tests for relpos.experiments.status and locks.holder: a table's state read from its folder
+"""Tests for relpos.experiments.status: a table's state read from its folder
 (folders made here as a run leaves them; a real finished table's status is checked in
 test_experiments_runner.py), and the `--status` command."""
 
@@ -120,35 +120,6 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
   assert status.report(
       "ablation", "synthetic", runs,
       output_dir).startswith(f"Table ablation on synthetic in {output_dir}: not running.\n")
-
-
-def test_holder_reads_the_lock_without_taking_it(tmp_path):
-  folder = str(tmp_path)
-  assert locks.holder(folder) is None  # no lock file
-  with locks.hold(folder):
-    held = locks.holder(folder)
-    assert held.startswith(f"process {os.getpid()} on host {socket.gethostname()}, started ")
-    with pytest.raises(locks.WorkdirInUseError):  # still held
-      with locks.hold(folder):
-        pass
-  assert locks.holder(folder) is None  # the file stays, the lock is gone
-  with locks.hold(folder):  # holder left nothing locked
-    pass
-
-
-def test_holder_without_proc_locks_asks_whether_the_recorded_process_lives(tmp_path, monkeypatch):
-  monkeypatch.setattr(locks, "PROC_LOCKS", str(tmp_path / "no_such_file"))
-  lock = tmp_path / workdir_files.LOCK_FILE
-  this_host = socket.gethostname()
-  lock.write_text(f"process {os.getpid()} on host {this_host}, started 2026-11-24 10:00:00\n")
-  assert locks.holder(str(tmp_path)) == (f"process {os.getpid()} on host {this_host}, started "
-                                         "2026-11-24 10:00:00")
-  ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                         capture_output=True, text=True, check=True)
-  lock.write_text(f"process {ended.stdout.strip()} on host {this_host}, started ...\n")
-  assert locks.holder(str(tmp_path)) is None
-  lock.write_text(f"process {os.getpid()} on host not-{this_host}, started ...\n")
-  assert locks.holder(str(tmp_path)) is None
 
 
 def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):
