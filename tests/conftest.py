@@ -3,6 +3,7 @@ they prepare without naming a data folder goes to a temporary one, never ~/tenso
 
 Set JAX_PLATFORMS (e.g. to "" or "cuda") to run on an accelerator instead: tests/test_gpu.py.
 """
+import json
 import os
 
 import pytest
@@ -87,3 +88,41 @@ def translating_run(tmp_path_factory: pytest.TempPathFactory):
   }
   assert min(r["bleu"] for s, r in validation.items() if s >= 300) > 3.0, validation
   return config, workdir, validation
+
+
+@pytest.fixture
+def results_path(tmp_path):
+  """A results.json of `fake_results.few_seeds()`."""
+  import fake_results  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"runs": fake_results.few_seeds()}))
+  return path
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  """Figure name -> the matplotlib figure a plot function made (not written)."""
+  from relpos.experiments import plots  # pylint: disable=import-outside-toplevel
+  made = {}
+
+  def keep(fig, path):
+    made[os.path.basename(path)] = fig
+    return path
+
+  monkeypatch.setattr(plots, "save", keep)
+  return made
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+  """A Transformer of the default config, 2 + 1 layers of width 16, a vocabulary of 16, k = 2."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from configs import default  # pylint: disable=import-outside-toplevel
+  from relpos import model as model_lib, model_config  # pylint: disable=import-outside-toplevel
+  model_cfg = {
+      **default.get_config().model.to_dict(), "emb_dim": 16, "num_heads": 2, "qkv_dim": 16,
+      "mlp_dim": 32, "num_encoder_layers": 2, "num_decoder_layers": 1, "max_len": 32,
+      "max_relative_position": 2
+  }
+  return model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, 16),
+                               rngs=nnx.Rngs(0))

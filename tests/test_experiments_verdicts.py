@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from relpos.experiments import verdicts
-from test_experiments_report import _few_seeds, _length_runs, _run
+import fake_results
 
 
 def test_mean_std():
@@ -43,7 +43,7 @@ def test_judge_gap_and_match_predictions():
 
 def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
   return [
-      _run(table, row, seed, test, long, k=k, speed=speed)
+      fake_results.run_record(table, row, seed, test, long, k=k, speed=speed)
       for seed, (test, long, speed) in enumerate(zip(tests, longs, speeds))
   ]
 
@@ -82,19 +82,19 @@ def test_findings_verdicts_with_three_seeds():
 
 
 def test_findings_need_three_seeds():
-  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(_few_seeds())}
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(fake_results.few_seeds())}
   assert found["1."] == ("not enough seeds", "rel_kv 61.0 ± 1.4 vs abs 51.0 ± 1.4")
   assert {v for v, _ in found.values()} == {"not enough seeds"}
 
 
 def test_findings_not_run_when_rows_missing():
-  runs = [_run("ablation", "abs", 0, 50.0, 10.0)]
+  runs = [fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)]
   judged = {f.split(" ")[0]: v for f, v, _ in verdicts.findings(runs)}
   assert set(judged.values()) == {"not run"}
 
 
 def test_length_findings_judged_by_welch():
-  found = {f: (v, e) for f, v, e in verdicts.length_findings(_length_runs())}
+  found = {f: (v, e) for f, v, e in verdicts.length_findings(fake_results.length_runs())}
   # (i) rel_kv (25, 27, 29) against abs (28, 29, 30): no significant gain.
   verdict, evidence = found["(i) rel_kv beats abs on test_long (Rosendahl et al. 2019)"]
   p = stats.ttest_ind([25.0, 27.0, 29.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
@@ -117,5 +117,5 @@ def test_length_findings_judged_by_welch():
                       f"p = {p:.2g}; change on test -6.0 [-8.3, -3.7], p = {cost:.2g}")
   assert found["(iii) rel_kv_concat lifts test_long over rel_kv"][0] == "no"  # +1, p large
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
-  two_seeds = [r for r in _length_runs() if r["seed"] < 2]
+  two_seeds = [r for r in fake_results.length_runs() if r["seed"] < 2]
   assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds", "not run"}

@@ -1,0 +1,90 @@
+"""Tests for relpos.experiments.plots: the PNGs of a table, drawn from results.json alone (the
+figures are inspected before they are written: the `figures` fixture)."""
+
+import json
+
+import numpy as np
+
+from relpos.experiments import plots
+import fake_results
+
+
+def test_plots_are_written(results_path, tmp_path):
+  paths = plots.plot_results(str(results_path), str(tmp_path))
+  assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["bleu_vs_k.png", "bleu_vs_length.png"]
+  for p in paths:
+    with open(p, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bleu_vs_k_titles_and_ticks(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  ax = figures["bleu_vs_k.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, k_sweep table, 1 seed per row (0)")
+  # Every k of the grid, though the runs hold 0-4 only; no minor ticks between them.
+  assert list(ax.get_xticks()) == [0, 1, 2, 4, 16, 64, 256]
+  assert not ax.xaxis.get_minorticklocs().size
+
+
+def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figures):
+  plots.plot_results(str(results_path), "out")
+  fig = figures["bleu_vs_length.png"]
+  assert fig._suptitle.get_text().endswith(  # pylint: disable=protected-access
+      "synthetic, ablation table, 1-2 seeds per row (0, 1); other rows in grey")
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "none", "rel_k", "rel_v"]
+  bars = panels[0].containers[0]  # abs: test 50 and 52, test_long 10 and 12
+  np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, 12.0, 10.0])
+  half_widths = [(segment[1][1] - segment[0][1]) / 2 for segment in bars.lines[2][0].get_segments()]
+  np.testing.assert_allclose(half_widths, [2**0.5] * 4)
+  for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
+
+
+def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
+  runs = [fake_results.run_record("ablation", "abs", seed, 50.0, 10.0) for seed in range(3)]
+  runs.append(fake_results.run_record("ablation", "rel_kv", 0, 60.0, 10.0))
+  for run, curve in zip(runs, ([[500, 30.0], [1000, 80.0]], [[500, 32.0], [1000, 84.0]],
+                               [[500, 34.0], [1000, 82.0]], [[500, 40.0], [1000, 90.0]])):
+    run["validation_curve"] = curve
+  assert plots.plot_bleu_vs_step(runs, "bleu_vs_step.png") == "bleu_vs_step.png"
+  ax = figures["bleu_vs_step.png"].axes[0]
+  assert ax.get_title().endswith("synthetic, ablation table, 1-3 seeds per row (0, 1, 2)")
+  abs_line, rel_line = ax.get_lines()
+  assert (abs_line.get_label(), rel_line.get_label()) == ("abs", "rel_kv")
+  np.testing.assert_allclose(abs_line.get_xydata(), [[500, 32.0], [1000, 82.0]])
+  band = ax.collections[0].get_paths()[0].vertices  # abs: mean ± std (2) at each step
+  for step, low, high in ((500, 30.0, 34.0), (1000, 80.0, 84.0)):
+    np.testing.assert_allclose(sorted(set(band[band[:, 0] == step, 1])), [low, high])
+  assert plots.plot_bleu_vs_step([fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)],
+                                 "x.png") is None
+
+
+def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, figures):
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": 5, "runs": fake_results.length_runs()}))
+  plots.plot_results(str(path), "out")
+  fig = figures["length_oracle.png"]
+  panels = [ax for ax in fig.axes if ax.get_visible()]
+  assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
+  beam, oracle = panels[0].containers  # abs, mean over seeds by bucket
+  np.testing.assert_allclose(beam.lines[0].get_ydata(), [99.0, 95.0, 30.0, 28.0])
+  np.testing.assert_allclose(oracle.lines[0].get_ydata(), [99.0, 95.0, 64.0, 62.0])
+  ratio = figures["length_ratio.png"].axes[0]
+  lines = [c for c in ratio.containers]
+  assert [c.get_label() for c in lines] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
+  np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, 0.9, 0.7])
+  test, test_long = figures["token_accuracy.png"].axes
+  assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
+  abs_line = test_long.get_lines()[0]
+  assert abs_line.get_label() == "abs"
+  # Positions 0-11 (12-15 have 9 targets, fewer than MIN_TOKENS_PER_POSITION: not drawn).
+  np.testing.assert_allclose(abs_line.get_xdata(), range(12))
+  np.testing.assert_allclose(abs_line.get_ydata(), [100.0] * 8 + [50.0] * 4)
+  assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position
+  entropy = [ax for ax in figures["attention_entropy.png"].axes if ax.get_visible()][0]
+  assert entropy.get_title() == "abs"
+  # Per split and layer; position 2 (5 sentences, fewer than 10) is not drawn.
+  assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()
+         ] == [("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
+               ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]
