@@ -255,23 +255,6 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_refused(task, data_dir):
     pipeline.Task(_task_config(data_dir, vocab_size=16))
 
 
-def test_data_dir_resolution(monkeypatch, tmp_path):
-  config = default.get_config().task
-  monkeypatch.setenv("RELPOS_DATA_DIR", str(tmp_path / "env"))
-  assert datasets.data_dir(config) == str(tmp_path / "env")
-  config.tfds_data_dir = str(tmp_path / "field")
-  assert datasets.data_dir(config) == str(tmp_path / "field")
-  monkeypatch.delenv("RELPOS_DATA_DIR")
-  monkeypatch.setenv("HOME", str(tmp_path))
-  assert datasets.data_dir(default.get_config().task) == str(tmp_path / "tensorflow_datasets")
-
-
-def test_tests_prepare_unnamed_data_outside_home(tmp_path_factory):
-  # conftest.py: a config naming no data folder (and the programs tests start) uses this one.
-  data_dir = datasets.data_dir(default.get_config().task)
-  assert data_dir.startswith(str(tmp_path_factory.getbasetemp()))
-
-
 def test_concat_probability_zero_is_the_pipeline_without_the_option(data_dir, task):
   config = _task_config(data_dir, max_length=32)
   del config["concat_probability"]  # a config written before the option existed

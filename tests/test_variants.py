@@ -19,7 +19,6 @@ from relpos import fields
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import positions as positions_lib
-from relpos import train
 from relpos import variants
 from relpos.experiments import analysis
 from relpos.variants import interface
@@ -198,48 +197,6 @@ def test_import_mistakes_are_one_line(tmp_path):
   unknown = _run("train.py", "--config.model.position=kerple", f"--workdir={tmp_path / 'run'}")
   assert unknown.stderr.strip().splitlines()[-1].endswith(
       "(a variant of your own: --import=<its module>).")
-
-
-class WrongBias(variants.AttentionPosition):
-  """A bias laid out [batch, q_len, kv_len, 5]: not [batch, heads, q_len, kv_len]."""
-  def terms(self, query_positions, key_positions):
-    shape = (query_positions.shape[0], query_positions.shape[1], key_positions.shape[1], 5)
-    return variants.AttentionTerms(bias=jnp.zeros(shape))
-
-
-class WrongBiasVariant(variants.Variant):
-  def self_attention(self, num_layers, *, causal, rngs):
-    return [WrongBias() for _ in range(num_layers)]
-
-
-class FailingVariant(variants.Variant):
-  def self_attention(self, num_layers, *, causal, rngs):
-    raise KeyError("num_heads")
-
-
-def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path, monkeypatch):
-  """Its bias of the wrong shape was an XLA broadcasting error naming no variant, after
-  config.json and imports.json; its exception a traceback."""
-  registry = dict(interface._REGISTRY)  # pylint: disable=protected-access
-  monkeypatch.setattr(interface, "_REGISTRY", registry)
-  variants.register("wrong_bias")(WrongBiasVariant)
-  variants.register("failing")(FailingVariant)
-  config = tiny.get_config()
-  config.model.position = "wrong_bias"
-  workdir = tmp_path / "run"
-  with pytest.raises(ValueError) as raised:
-    train.train_and_evaluate(config, str(workdir))
-  assert str(raised.value) == (
-      f"position variant 'wrong_bias' ({__file__}) fails on a trial batch, before any work: "
-      "bias has shape (1, 3, 3, 5); it must broadcast to [batch, heads, q_len, kv_len] = "
-      "(2, 2, 3, 3).")
-  config.model.position = "failing"
-  with pytest.raises(
-      ValueError, match=r"^position variant 'failing' \(.*test_variants.py\) "
-      r"fails on a trial batch, before any work: KeyError: "
-      r"'num_heads'\.$"):
-    train.train_and_evaluate(config, str(workdir))
-  assert not workdir.exists()
 
 
 WRONG_BIAS_MODULE = """

@@ -1,0 +1,38 @@
+"""Tests for relpos.experiments.run, the tables' command: its listing, and a one-run table set
+through --config.<field> and --set. (Its one-line mistakes: test_cli.py; tables run through it:
+test_experiments_runner.py, test_experiments_status.py, test_variants.py.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_experiments_list_names_tables_rows_and_tasks():
+  done = subprocess.run([sys.executable, "-m", "relpos.experiments.run", "--list"], cwd=ROOT,
+                        capture_output=True, text=True, check=True)
+  lines = done.stdout.strip().splitlines()
+  assert lines[0].startswith("table ablation: abs, rel_kv, rel_k, rel_v, none, t5")
+  assert lines[1] == "table k_sweep: k=0, k=1, k=2, k=4, k=16, k=64, k=256 (or any k=<int>)"
+  assert lines[2] == ("table length: abs, rel_kv, t5, rope, alibi, fire, shape, randomized, "
+                      "rel_kv_concat")
+  assert lines[3] == "tasks: synthetic, multi30k, multi30k_gpu, tiny, wmt14"
+
+
+def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
+  """A one-run table: k=3 (off the paper's grid) on the tiny base, its budget set with
+  --config.<field> and --set alike."""
+  data_dir = tmp_path / "data"
+  subprocess.run([
+      sys.executable, "-m", "relpos.experiments.run", "--table=k_sweep", "--task=tiny",
+      "--rows=k=3", f"--output_dir={tmp_path}/out", "--config.train.num_steps=2",
+      "--config.decode.validation_bleu=False", "--config.decode.length_diagnostics=False",
+      f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"
+  ], cwd=ROOT, capture_output=True, text=True, check=True)
+  with open(tmp_path / "out" / "runs" / "tiny-k_sweep-k3-seed0" / "result.json") as f:
+    result = json.load(f)
+  assert result["k"] == 3 and result["config"]["model"]["max_relative_position"] == 3
+  train = result["config"]["train"]
+  assert (train["num_steps"], train["eval_every_steps"], train["batch_size"]) == (2, 2, 8)
