@@ -184,12 +184,13 @@ def _time_lines(runs: list[dict]) -> list[str]:
       part: mean([r["time_s"][part] for r in timed])
       for part in ("training", "validation", "evaluation")
   }
+  total = mean([r["wall_time_s"] for r in timed])
+  hours = f" ({total / 3600:.1f} h)" if total >= 3600 else ""
   return [
-      f"Time per run (mean of {len(timed)}): {mean([r['wall_time_s'] for r in timed]):.0f} s"
-      f" = training {parts['training']:.0f} s (steps, compilation, checkpoints) + "
-      f"validation during training {parts['validation']:.0f} s + final evaluation "
-      f"{parts['evaluation']:.0f} s (every split, position statistics, length "
-      f"diagnostics).", ""
+      f"Time per run (mean of {len(timed)}): {total:,.0f} s{hours} = training "
+      f"{parts['training']:,.0f} s (steps, compilation, checkpoints) + validation during "
+      f"training {parts['validation']:,.0f} s + final evaluation {parts['evaluation']:,.0f} s "
+      "(every split, position statistics, length diagnostics).", ""
   ]
 
 
