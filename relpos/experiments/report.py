@@ -173,6 +173,13 @@ def other_checkpoints(runs: list[dict]) -> list[str]:
   return choices
 
 
+def duration(seconds: float) -> str:
+  """"1 h 02 min", "12 min", "40 s"."""
+  if seconds >= 3600:
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def _time_lines(runs: list[dict]) -> list[str]:
   """Where a run's wall time went, averaged over the runs that record it (schema 3); no line
   when none does."""
@@ -185,7 +192,7 @@ def _time_lines(runs: list[dict]) -> list[str]:
       for part in ("training", "validation", "evaluation")
   }
   total = mean([r["wall_time_s"] for r in timed])
-  hours = f" ({total / 3600:.1f} h)" if total >= 3600 else ""
+  hours = f" ({duration(total)})" if total >= 3600 else ""
   return [
       f"Time per run (mean of {len(timed)}): {total:,.0f} s{hours} = training "
       f"{parts['training']:,.0f} s (steps, compilation, checkpoints) + validation during "

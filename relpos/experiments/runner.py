@@ -41,6 +41,7 @@ from relpos import source_tree
 from relpos import user_modules
 from relpos.data import pipeline
 from relpos.experiments import children
+from relpos.experiments import report
 from relpos.experiments import results
 from relpos.experiments import single_run
 from relpos.experiments import tables
@@ -119,19 +120,12 @@ def prepare_data(runs: Sequence[Run], task: str, overrides: dict[str, Any] | Non
     pipeline.get_task(tables.one_run_config(run.row, run.seed, task, overrides).task)
 
 
-def duration(seconds: float) -> str:
-  """"1 h 02 min", "12 min", "40 s"."""
-  if seconds >= 3600:
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
-  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
-
-
 def _print_finished(result: dict[str, Any], done: int, total: int, started: float) -> None:
   """One line for a finished run: its first test split's BLEU, its wall time, and the time the
   table's remaining runs will take at the pace since `started` (time.monotonic)."""
   split = single_run.EVAL_SPLITS[result["config"]["task"]["name"]][0]
   left = (time.monotonic() - started) / done * (total - done)
-  eta = f"; ETA {duration(left)} for the {total - done} left" if done < total else ""
+  eta = f"; ETA {report.duration(left)} for the {total - done} left" if done < total else ""
   print(
       f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
       f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"

@@ -24,6 +24,7 @@ from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
+from relpos.experiments.report import duration
 from relpos.experiments import results
 from relpos.experiments import runner
 from relpos.experiments import single_run
@@ -116,7 +117,7 @@ def _row(status: RunStatus) -> list[str]:
   test = None if status.test is None else f"{status.test[1]:.1f}"
   left = None
   if status.state == "running" and status.steps_per_second and status.num_steps:
-    left = runner.duration((status.num_steps - status.step) / status.steps_per_second)
+    left = duration((status.num_steps - status.step) / status.steps_per_second)
   return [
       status.name, status.state,
       _cell(step),
@@ -154,8 +155,7 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
   ]
   took = sorted(s.wall_time_s for s in statuses if s.wall_time_s)
   if took:
-    each = (runner.duration(took[0])
-            if len(took) == 1 else f"{runner.duration(took[0])} to {runner.duration(took[-1])}")
+    each = (duration(took[0]) if len(took) == 1 else f"{duration(took[0])} to {duration(took[-1])}")
     lines += [
         "", f"The finished runs took {each} each (all their starts); a running run's "
         "training left is at the pace of its last steps."
