@@ -55,13 +55,24 @@ def test_tests_prepare_unnamed_data_outside_home(tmp_path_factory):
   assert data_dir.startswith(str(tmp_path_factory.getbasetemp()))
 
 
+def _files(folder: str) -> dict[str, int]:
+  """Path -> modification time (ns) of every file under `folder`."""
+  return {
+      os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns for d, _, files in os.walk(folder)
+      for f in files
+  }
+
+
 def test_prepared_pairs_read_back_in_order(tmp_path):
-  sources = datasets.check_readable(_prepared(tmp_path))
+  dataset = _prepared(tmp_path)
+  sources = datasets.check_readable(dataset)
   for split, pairs in PAIRS.items():
     assert [(e[datasets.SOURCE_KEY].decode(), e[datasets.TARGET_KEY].decode())
             for e in (sources[split][i] for i in range(len(sources[split])))] == pairs
+  written = _files(dataset.builder.data_dir)
   again = _prepared(tmp_path)  # prepared once: the second call reads what is there
-  assert again.builder.data_dir == _prepared(tmp_path).builder.data_dir
+  assert again.builder.data_dir == dataset.builder.data_dir
+  assert _files(again.builder.data_dir) == written
   assert datasets.unreadable_info_folders(str(tmp_path)) == []
 
 
