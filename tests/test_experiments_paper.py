@@ -14,26 +14,26 @@ SHARED_PAPER = pathlib.Path(__file__).resolve().parents[2] / "shared/reference/s
 
 
 def _table_rows(text: str, header: str) -> list[list[str]]:
-  """The body rows of the Markdown table whose header row starts with `header`."""
+  """The cells of the Markdown table whose header row starts with `header`: the header row,
+  then the body rows (the separator row left out)."""
   lines = text.splitlines()
   start = next(i for i, line in enumerate(lines) if line.startswith(header))
-  rows = []
+  table = lines[start:start + 1]
   for line in lines[start + 2:]:
     if not line.startswith("|"):
       break
-    rows.append([cell.strip() for cell in line.strip("|").split("|")])
-  return rows
+    table.append(line)
+  return [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
 
 
 def test_figures_are_the_papers():
   if not SHARED_PAPER.exists():
     pytest.skip(f"{SHARED_PAPER} not present (outside the repository)")
   text = SHARED_PAPER.read_text()
-  table1 = {(m, p): float(de) for m, p, de, _ in _table_rows(text, "| model | position")}
-  (k_row,) = _table_rows(text, "| k |")
-  header = next(line for line in text.splitlines() if line.startswith("| k |"))
-  grid = [int(k) for k in header.strip("|").split("|")[1:]]
-  table3 = {(v, k): float(b) for v, k, b in _table_rows(text, "| a^V | a^K |")}
+  table1 = {(m, p): float(de) for m, p, de, _ in _table_rows(text, "| model | position")[1:]}
+  header, k_row = _table_rows(text, "| k |")
+  grid = [int(k) for k in header[1:]]
+  table3 = {(v, k): float(b) for v, k, b in _table_rows(text, "| a^V | a^K |")[1:]}
   assert paper.ABLATION_FIGURES["abs"][0] == table1[("base", "absolute")]
   assert paper.ABLATION_FIGURES["rel_kv"][0] == table3[("yes", "yes")]
   assert paper.ABLATION_FIGURES["rel_k"][0] == table3[("no", "yes")]
