@@ -126,3 +126,10 @@ def tiny_model():
   }
   return model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, 16),
                                rngs=nnx.Rngs(0))
+
+
+@pytest.fixture
+def variant_registry(monkeypatch):
+  """The position variants registered during a test are forgotten after it."""
+  from relpos.variants import interface  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(interface, "_REGISTRY", dict(interface._REGISTRY))  # pylint: disable=protected-access

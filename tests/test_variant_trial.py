@@ -13,14 +13,9 @@ from relpos import model_config
 from relpos import train
 from relpos import variant_trial
 from relpos import variants
-from relpos.variants import interface
 from test_model import VOCAB, model_fields
 
-
-@pytest.fixture(autouse=True)
-def registry(monkeypatch):
-  """The variants registered by a test are forgotten after it."""
-  monkeypatch.setattr(interface, "_REGISTRY", dict(interface._REGISTRY))  # pylint: disable=protected-access
+pytestmark = pytest.mark.usefixtures("variant_registry")  # conftest.py
 
 
 def _config(position: str) -> model_config.TransformerConfig:

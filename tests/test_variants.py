@@ -21,7 +21,6 @@ from relpos import model_config
 from relpos import positions as positions_lib
 from relpos import variants
 from relpos.experiments import analysis
-from relpos.variants import interface
 from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
 from test_steps import _random_batch, updates_on_one_batch
 
@@ -61,11 +60,9 @@ class DistanceBiasVariant(variants.Variant):
 
 
 @pytest.fixture(name="registered")
-def fixture_registered(monkeypatch):
+def fixture_registered(variant_registry):  # pylint: disable=unused-argument
   """DistanceBiasVariant registered as 'distance_bias' for one test (the registry restored
   after it)."""
-  registry = dict(interface._REGISTRY)  # pylint: disable=protected-access
-  monkeypatch.setattr(interface, "_REGISTRY", registry)
   variants.register("distance_bias")(DistanceBiasVariant)
 
 
