@@ -363,13 +363,16 @@ def test_status_of_a_real_table_reads_its_runs(finished_table, tmp_path):
   runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], output_dir)
   os.remove(runs[1].result)
   finished, stopped = (status.run_status(run) for run in runs)
-  records = metrics_writer.read_metrics(runs[0].workdir)
-  last_validation = [r for r in records if r["split"] == "validation"][-1]
   assert (finished.state, finished.step, finished.num_steps, finished.checkpoint) == ("finished", 4,
                                                                                       4, 4)
-  assert finished.validation == (4, last_validation["bleu"])
   with open(runs[0].result, encoding="utf-8") as f:
-    assert finished.test == ("test", json.load(f)["scores"]["test"]["bleu"])
+    scores = json.load(f)["scores"]
+  assert finished.validation == (scores["validation"]["step"], scores["validation"]["bleu"])
+  assert finished.test == ("test", scores["test"]["bleu"])
+  validations = [(r["step"], r["bleu"])
+                 for r in metrics_writer.read_metrics(runs[1].workdir)
+                 if r["split"] == "validation"]
+  assert stopped.validation == max(validations, key=lambda v: v[1])
   assert (stopped.state, stopped.step, stopped.checkpoint, stopped.test) == ("stopped", 4, 4, None)
 
 

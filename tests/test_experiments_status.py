@@ -45,7 +45,7 @@ def _finish(run: runner.Run, test_bleu: float) -> None:
       run.result, {
           "table": run.table, "row": run.row, "seed": run.seed, "task": "synthetic", "config": {},
           "workdir": f"runs/{run.name}", "wall_time_s": 7200.0, "scores": {
-              "validation": {"bleu": 50.0}, "test": {"bleu": test_bleu},
+              "validation": {"bleu": 61.5, "step": 4}, "test": {"bleu": test_bleu},
               "test_long": {"bleu": 20.0}
           }
       })
@@ -61,9 +61,9 @@ def table(tmp_path):
   runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv", "none"], [0, 1], output_dir,
                            order="seeds")
   abs0, rel_kv0, none0 = runs[:3]
-  _run_folder(abs0.workdir, trained=8, validated={4: 40.0, 8: 61.25}, saved=[4, 8])
+  _run_folder(abs0.workdir, trained=8, validated={4: 61.5, 8: 61.25}, saved=[4, 8])
   _finish(abs0, 58.04)
-  _run_folder(rel_kv0.workdir, trained=6, validated={4: 41.5}, saved=[2, 4, 6])
+  _run_folder(rel_kv0.workdir, trained=6, validated={2: 43.0, 4: 41.5, 6: 43.0}, saved=[2, 4, 6])
   _run_folder(none0.workdir, trained=4, validated={}, saved=[2])
   os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-rope-seed0"))
   os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-t5-seed0.replaced-20261124"))
@@ -76,13 +76,13 @@ def test_each_run_is_finished_stopped_running_or_not_started(table):
   with locks.hold(none0.workdir, lock_file=single_run.LOCK_FILE):
     running = status.run_status(none0)
   assert status.run_status(abs0) == status.RunStatus(abs0.name, "finished", step=8, num_steps=8,
-                                                     checkpoint=8, validation=(8, 61.25),
+                                                     checkpoint=8, validation=(4, 61.5),
                                                      test=("test", 58.04),
                                                      updated=os.path.getmtime(abs0.result),
                                                      steps_per_second=0.5, wall_time_s=7200.0)
   stopped = status.run_status(rel_kv0)
   assert (stopped.state, stopped.step, stopped.checkpoint, stopped.validation,
-          stopped.test) == ("stopped", 6, 6, (4, 41.5), None)
+          stopped.test) == ("stopped", 6, 6, (2, 43.0), None)  # the best, the first of a tie
   assert (running.state, running.step, running.checkpoint, running.validation) == ("running", 4, 2,
                                                                                    None)
   assert status.run_status(abs1) == status.RunStatus(abs1.name, "not started")
@@ -100,13 +100,13 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
                       f"{lines[0].split('started ')[1]}")
   assert lines[1] == "1 of 6 runs finished, 1 running, 1 stopped, 3 not started."
   assert lines[3].split() == [
-      "run", "state", "step", "checkpoint", "validation", "BLEU", "test", "BLEU", "updated",
+      "run", "state", "step", "checkpoint", "best", "validation", "BLEU", "test", "BLEU", "updated",
       "training", "left"
   ]
   cells = [line.split()[:6] for line in lines[4:10]]
   assert cells == [
-      ["synthetic-ablation-abs-seed0", "finished", "8/8", "8", "61.2", "at"],
-      ["synthetic-ablation-rel_kv-seed0", "stopped", "6/8", "6", "41.5", "at"],
+      ["synthetic-ablation-abs-seed0", "finished", "8/8", "8", "61.5", "at"],
+      ["synthetic-ablation-rel_kv-seed0", "stopped", "6/8", "6", "43.0", "at"],
       ["synthetic-ablation-none-seed0", "running", "4/8", "2", "-", "-"],
       ["synthetic-ablation-abs-seed1", "not", "started", "-", "-", "-"],
       ["synthetic-ablation-rel_kv-seed1", "not", "started", "-", "-", "-"],

@@ -1,7 +1,8 @@
 """Where a table stands, read from its output folder while it runs: whether a table process
 holds the folder, and for each planned run its state, its last logged step, the checkpoint a
-restart resumes from, its last validation BLEU, once finished its test BLEU, and while it runs
-its training time left at its recent pace.
+restart resumes from, its best validation BLEU (once finished, the selected checkpoint's, as
+table.md gives it), once finished its test BLEU, and while it runs its training time left at its
+recent pace.
 
 Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
 --status`: the table's own command, with --status added):
@@ -9,10 +10,10 @@ Nothing is locked, written or loaded onto a device (`python -m relpos.experiment
   Table ablation on multi30k_gpu in /runs/m30k: running (process 10923 on host vm, ...).
   1 of 3 runs finished, 1 running, 1 not started.
 
-  run                               state        step       checkpoint  validation BLEU  ...
-  multi30k_gpu-ablation-abs-seed0   finished     8000/8000  8000        41.0 at 8000     ...
-  multi30k_gpu-ablation-none-seed0  running      4300/8000  4300        27.6 at 4000     ...
-  multi30k_gpu-ablation-abs-seed1   not started  -          -           -                ...
+  run                               state        step       checkpoint  best validation BLEU  ...
+  multi30k_gpu-ablation-abs-seed0   finished     8000/8000  8000        41.0 at 8000          ...
+  multi30k_gpu-ablation-none-seed0  running      4300/8000  4300        27.6 at 4000          ...
+  multi30k_gpu-ablation-abs-seed1   not started  -          -           -                     ...
 """
 import dataclasses
 import os
@@ -43,7 +44,8 @@ class RunStatus:
   step: int | None = None  # the last train record's step
   num_steps: int | None = None  # its config's train.num_steps
   checkpoint: int | None = None  # the newest checkpoint's step: where a restart resumes
-  validation: tuple[int, float] | None = None  # the last validation: (step, BLEU)
+  # The best validation so far, (step, BLEU); once finished, the selected checkpoint's.
+  validation: tuple[int, float] | None = None
   test: tuple[str, float] | None = None  # finished: (the main test split, its BLEU)
   updated: float | None = None  # when its metrics (or result) were last written, epoch seconds
   steps_per_second: float | None = None  # over its last RECENT_RECORDS train records
@@ -86,11 +88,18 @@ def run_status(run: runner.Run) -> RunStatus:
                if os.path.exists(config_path) else None)
   metrics_path = os.path.join(run.workdir, workdir_files.METRICS_FILE)
   updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
+  best = None  # the first of the highest, as the recorder judges early stopping
+  for step, bleu in validations:
+    if best is None or bleu > best[1]:
+      best = (step, bleu)
   test, wall_time_s = None, None
   if os.path.exists(run.result):
     state, result = "finished", results.read_result(run.result)
     split = verdicts.main_test_split([result])
     test = (split, result["scores"][split]["bleu"]) if split in result["scores"] else None
+    selected = result["scores"].get("validation", {})
+    if "step" in selected and "bleu" in selected:
+      best = (selected["step"], selected["bleu"])
     updated, wall_time_s = os.path.getmtime(run.result), result.get("wall_time_s")
   elif (locks.holder(run.workdir, single_run.LOCK_FILE) or
         locks.holder(run.workdir, workdir_files.LOCK_FILE)):
@@ -98,9 +107,8 @@ def run_status(run: runner.Run) -> RunStatus:
   else:
     state = "stopped"
   return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
-                   checkpoint=newest_checkpoint(run.workdir),
-                   validation=validations[-1] if validations else None, test=test, updated=updated,
-                   steps_per_second=sum(speeds) / len(speeds) if speeds else None,
+                   checkpoint=newest_checkpoint(run.workdir), validation=best, test=test,
+                   updated=updated, steps_per_second=sum(speeds) / len(speeds) if speeds else None,
                    wall_time_s=wall_time_s)
 
 
@@ -145,7 +153,7 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
   finished = sum(s.state == "finished" for s in statuses)
   splits = [s.test[0] for s in statuses if s.test]
   header = [
-      "run", "state", "step", "checkpoint", "validation BLEU",
+      "run", "state", "step", "checkpoint", "best validation BLEU",
       f"{splits[0] if splits else 'test'} BLEU", "updated", "training left"
   ]
   lines = [
