@@ -401,6 +401,37 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     _check_writable(output_dir)
   mesh = device_mesh.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
+  if split is not None:
+    scores = score_split(model, task, split, config, mesh=mesh)
+    translations = scores.pop("translations")
+  else:
+    translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
+    scores = {} if references is None else score(translations, references)
+  return write_evaluation(output_dir, workdir, config, checkpoint, step, translations, scores,
+                          split=split, input_file=input_file, reference_file=reference_file)
+
+
+def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig,
+                     checkpoint: str | int, step: int, translations: Sequence[str],
+                     scores: dict[str,
+                                  Any], *, split: str | None = None, input_file: str | None = None,
+                     reference_file: str | None = None) -> dict[str, Any]:
+  """Writes an evaluation's outputs, `<stem>.txt` (one translation a line) then `<stem>.json`
+  (what was evaluated, `IDENTITY_FIELDS`, and `scores`), each whole or not at all, from process
+  0; <stem> is `output_stem(output_dir, output_name(...))`. The same files whether eval.py or a
+  table's final evaluation made them.
+
+  Args:
+    output_dir: the folder (created if missing).
+    workdir, config: the run evaluated, with the decoding used.
+    checkpoint, step: the checkpoint asked for and the step it restored.
+    translations: the outputs, in input order.
+    scores: `score`'s dict ({} without references).
+    split / input_file, reference_file: what was translated (one of split and input_file).
+
+  Returns:
+    The results written to `<stem>.json`, with "num_sentences" and "translations_file".
+  """
   identity = {
       "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
       "split": split, "input_file": input_file and os.path.abspath(input_file),
@@ -411,23 +442,11 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   stem = output_stem(
       output_dir, output_name(what, checkpoint, step, config.decode.beam_size, config.decode.alpha),
       identity)
-  if split is not None:
-    scores = score_split(model, task, split, config, mesh=mesh)
-    translations = scores.pop("translations")
-  else:
-    translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
-    scores = {} if references is None else score(translations, references)
   results = {
       **identity, "num_sentences": len(translations), "translations_file": stem + ".txt", **scores
   }
-  _write_outputs(stem, translations, results)
+  if jax.process_index() == 0:
+    os.makedirs(output_dir, exist_ok=True)
+    json_files.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
+    json_files.write_json(stem + ".json", results, indent=2)
   return results
-
-
-def _write_outputs(stem: str, translations: Sequence[str], results: dict[str, Any]) -> None:
-  """`<stem>.txt` (one translation a line), then `<stem>.json` (results), each whole or not at
-  all, from process 0."""
-  if jax.process_index() != 0:
-    return
-  json_files.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
-  json_files.write_json(stem + ".json", results, indent=2)

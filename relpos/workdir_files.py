@@ -9,7 +9,7 @@ A workdir holds:
   starts.jsonl          one line per start of the run: time, step, source commit, host
   checkpoints/<step>/   Orbax checkpoints (relpos.checkpoints); damaged_checkpoints/ the ones
                         training set aside
-  eval/                 eval.py's translations and scores
+  eval/                 translations and scores: eval.py's, and a table's final evaluation's
 """
 
 CONFIG_FILE = "config.json"

@@ -111,6 +111,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     ]
     assert run["validation_curve"] == [[r["step"], r["bleu"]] for r in validations]
     assert [step for step, _ in run["validation_curve"]] == [4]
+    _check_translations_written(os.path.join(output_dir, run["workdir"]), run)
   rel = runs[1]
   assert rel["config"]["model"]["position"] == "relative"
   assert len(rel["position_statistics"]["qak_by_offset"][0]) == 2 * 16 + 1
@@ -124,6 +125,29 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert names == [
       "attention_by_offset.png", "bleu_vs_length.png", "bleu_vs_step.png", "qak_by_offset.png"
   ]
+
+
+def _check_translations_written(workdir: str, run: dict) -> None:
+  """The final evaluation left each scored checkpoint's translations and scores of each split in
+  workdir/eval, named and written as eval.py writes them."""
+  choices = {"best": run["scores"], **run["other_checkpoints"]}
+  decoding = run["config"]["decode"]
+  written = sorted(os.listdir(os.path.join(workdir, "eval")))
+  expected = []
+  for choice, scores in choices.items():
+    for split, scored in scores.items():
+      stem = os.path.join(
+          workdir, "eval",
+          f"{split}.{choice}.step{scored['step']}.beam{decoding['beam_size']}.alpha{decoding['alpha']}"
+      )
+      expected += [os.path.basename(stem) + ".json", os.path.basename(stem) + ".txt"]
+      with open(stem + ".json", encoding="utf-8") as f:
+        saved = json.load(f)
+      assert saved["bleu"] == scored["bleu"] and saved["split"] == split
+      assert (saved["checkpoint"], saved["translations_file"]) == (choice, stem + ".txt")
+      with open(stem + ".txt", encoding="utf-8") as f:
+        assert len(f.read().splitlines()) == scored["num_sentences"]
+  assert written == sorted(expected)
 
 
 def _check_length_diagnostics(run: dict) -> None:

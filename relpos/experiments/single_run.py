@@ -21,6 +21,7 @@ from relpos import metrics_writer
 from relpos import preemption
 from relpos import source_tree
 from relpos import train
+from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.experiments import analysis
 from relpos.experiments import diagnostics
@@ -63,7 +64,8 @@ def score_checkpoint(
     mesh: jax.sharding.Mesh
 ) -> tuple[nnx.Module, dict[str, dict], dict[str, dict], dict[str, dict]]:
   """Scores one checkpoint choice of a run ("best", "latest", "average:N") on the validation
-  split and every evaluation split of its task.
+  split and every evaluation split of its task; each split's translations and scores go to
+  `workdir/eval/` as `eval.py --checkpoint=<choice> --split=<split>` writes them.
 
   Returns:
     (the restored model, split -> sacreBLEU/chrF scores with the checkpoint's "step",
@@ -76,6 +78,8 @@ def score_checkpoint(
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
     translations = scored.pop("translations")
     scores[split] = {**scored, "step": step}
+    evaluate.write_evaluation(os.path.join(workdir, workdir_files.EVAL_DIR), workdir, config,
+                              checkpoint, step, translations, scored, split=split)
     if split != "validation":
       sources, references = task.source_texts(split), task.target_texts(split)
       by_length[split] = diagnostics.bleu_by_source_length(sources, translations, references)
