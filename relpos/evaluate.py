@@ -19,7 +19,7 @@ workdir itself) are imported first.
 """
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -413,8 +413,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
 
 def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig,
                      checkpoint: str | int, step: int, translations: Sequence[str],
-                     scores: dict[str,
-                                  Any], *, split: str | None = None, input_file: str | None = None,
+                     scores: Mapping[str, Any], *, split: str | None = None,
+                     input_file: str | None = None,
                      reference_file: str | None = None) -> dict[str, Any]:
   """Writes an evaluation's outputs, `<stem>.txt` (one translation a line) then `<stem>.json`
   (what was evaluated, `IDENTITY_FIELDS`, and `scores`), each whole or not at all, from process

@@ -88,10 +88,8 @@ def run_status(run: runner.Run) -> RunStatus:
                if os.path.exists(config_path) else None)
   metrics_path = os.path.join(run.workdir, workdir_files.METRICS_FILE)
   updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
-  best = None  # the first of the highest, as the recorder judges early stopping
-  for step, bleu in validations:
-    if best is None or bleu > best[1]:
-      best = (step, bleu)
+  # The first of the highest (max keeps the first), as the recorder judges early stopping.
+  best = max(validations, key=lambda validation: validation[1], default=None)
   test, wall_time_s = None, None
   if os.path.exists(run.result):
     state, result = "finished", results.read_result(run.result)
