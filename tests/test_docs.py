@@ -86,8 +86,9 @@ def test_readme_commands_name_files_that_exist():
   assert not missing
 
 
-def test_readme_results_tables_equal_their_sources():
-  text = (ROOT / "README.md").read_text(encoding="utf-8")
+@pytest.mark.parametrize("page", readme_tables.DEFAULT_FILES)
+def test_results_tables_equal_their_sources(page):
+  text = (ROOT / page).read_text(encoding="utf-8")
   assert len(readme_tables.BLOCK.findall(text)) >= 3
   assert readme_tables.rebuild(text) == text, "run `python -m tools.readme_tables`"
 
@@ -103,6 +104,22 @@ def test_table_selection_and_transpose(tmp_path, monkeypatch):
       "old\n", "| row | r2 |\n| --- | --- |\n| y | 4 |\n")
   with pytest.raises(ValueError, match="no column 'z'"):
     readme_tables.rebuild(marked.replace("row|y", "row|z"))
+
+
+def test_nth_table_of_a_section_and_renamed_headers(tmp_path, monkeypatch):
+  (tmp_path / "t.md").write_text(
+      "## a\n\n| row | x |\n| --- | --- |\n| r1 | 1 |\n\nthen\n\n| row | y |\n| --- | --- |\n"
+      "| r1 | 2 |\n", encoding="utf-8")
+  monkeypatch.setattr(readme_tables, "ROOT", str(tmp_path))
+  marked = '<!-- table: t.md section=a nth=2 headers="name|value" -->\nold\n<!-- /table -->'
+  assert readme_tables.rebuild(marked) == marked.replace(
+      "old\n", "| name | value |\n| --- | --- |\n| r1 | 2 |\n")
+  with pytest.raises(ValueError, match="t.md: no table 3 after heading 'a'"):
+    readme_tables.rebuild(marked.replace("nth=2", "nth=3"))
+  with pytest.raises(ValueError, match="t.md: 1 headers for 2 columns"):
+    readme_tables.rebuild(marked.replace("name|value", "name"))
+  with pytest.raises(ValueError, match="unknown option 'nth=0'"):
+    readme_tables.rebuild(marked.replace("nth=2", "nth=0"))
 
 
 @pytest.mark.parametrize(

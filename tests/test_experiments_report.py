@@ -98,3 +98,46 @@ def test_length_table_columns_and_diagnostics():
   assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
   assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
   assert "## The paper's findings" not in text  # a length table alone
+
+
+def test_each_run_and_its_validation_curve(tmp_path):
+  """Every run on its own line (rows in the table's order, then seeds), with the step it was
+  scored at, its other checkpoint's scores, time, finish and commits; its validation curve."""
+  runs = []
+  for row, seed, bleu in (("rel_kv", 1, 41.0), ("abs", 0, 39.0), ("rel_kv", 0, 40.0)):
+    run = fake_results.run_record("ablation", row, seed, bleu, 10.0)
+    run["scores"]["test"].update(step=8000, bleu_lowercase=bleu + 0.4, chrf=60.0)
+    run.update(
+        wall_time_s=9_000.0, validation_curve=[[500, 7.0], [1000, bleu / 2]],
+        other_checkpoints={"average:10": {"test": {"bleu": bleu + 1, "bleu_lowercase": bleu + 2}}},
+        environment={"finished_at": "2026-11-24T08:23:20+00:00"},
+        starts=[{"commit": "aaa1111", "step": 0}, {"commit": "bbb2222", "step": 800},
+                {"commit": "bbb2222", "step": 900}])
+    runs.append(run)
+  runs[0]["validation_curve"].append([1500, 30.0])  # a step only one run validated
+  runs[1].pop("starts")  # a run from before starts were recorded: its one commit
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": 4, "runs": runs}))
+  text = report.write_table(str(path), str(tmp_path / "table.md"))
+  each_run = text[text.index("## ablation: each run"):]
+  assert ("| row | seed | step scored | validation BLEU | test BLEU | test_long BLEU | test BLEU "
+          "(lower-cased) | test chrF | test BLEU (average:10) | test BLEU (average:10, "
+          "lower-cased) | time | finished (UTC) | commits (from step) |") in each_run
+  run_lines = [line for line in each_run.splitlines() if line.startswith(("| abs", "| rel_kv"))]
+  assert run_lines[:3] == [
+      "| rel_kv | 0 | 8,000 | 41.0 | 40.0 | 10.0 | 40.4 | 60.0 | 41.0 | 42.0 | 2 h 30 min | "
+      "2026-11-24 08:23 | aaa1111 (0) bbb2222 (800) |",
+      "| rel_kv | 1 | 8,000 | 42.0 | 41.0 | 10.0 | 41.4 | 60.0 | 42.0 | 43.0 | 2 h 30 min | "
+      "2026-11-24 08:23 | aaa1111 (0) bbb2222 (800) |",
+      f"| abs | 0 | 8,000 | 40.0 | 39.0 | 10.0 | 39.4 | 60.0 | 40.0 | 41.0 | 2 h 30 min | "
+      f"2026-11-24 08:23 | {runs[1]['commit']} |",
+  ]
+  assert "## ablation: validation BLEU by step" in each_run
+  assert run_lines[3:] == [
+      "| rel_kv | 0 | 7.0 | 20.0 | – |", "| rel_kv | 1 | 7.0 | 20.5 | 30.0 |",
+      "| abs | 0 | 7.0 | 19.5 | – |"
+  ]
+  # Runs without curves (schema 1) get no curve table; columns no run has are left out.
+  bare = report.render_table(fake_results.few_seeds())
+  assert "## ablation: each run" in bare and "validation BLEU by step" not in bare
+  assert "chrF" not in bare and "finished (UTC)" in bare

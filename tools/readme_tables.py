@@ -1,6 +1,7 @@
-"""Rebuilds the README's results tables from the committed tables they come from.
+"""Rebuilds the results tables of the README and docs/results.md from the committed tables they
+come from (a table's table.md), so that no number there is copied by hand.
 
-  python -m tools.readme_tables [--check] [FILE ...]     (default FILE: README.md)
+  python -m tools.readme_tables [--check] [FILE ...]   (default FILE: README.md docs/results.md)
 
 A generated table sits between two HTML comments that name its source and selection:
 
@@ -11,10 +12,12 @@ A generated table sits between two HTML comments that name its source and select
 
 (the opening comment may span lines). The source is a Markdown file, relative to the repository
 root; `section` names the heading under which its table is the first one (default: the file's
-first table); `rows` keeps the rows whose first cell is named, in that order (default: all);
-`columns` keeps the columns whose header is named, in that order (default: all); `transpose`
-swaps rows and columns after the selection. Without `--check` every block is rewritten from its
-source; with it nothing is written and the exit status is 1 when a block differs.
+first table), `nth=N` takes the Nth table there instead; `rows` keeps the rows whose first cell
+is named, in that order (default: all); `columns` keeps the columns whose header is named, in
+that order (default: all); `headers` renames the kept columns (as many names as columns);
+`transpose` swaps rows and columns after the selection. Without `--check` every block is
+rewritten from its source; with it nothing is written and the exit status is 1 when a block
+differs.
 """
 
 import argparse
@@ -27,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"^<!-- table: (?P<spec>.*?) -->\n(?P<body>.*?)^<!-- /table -->$",
                    re.MULTILINE | re.DOTALL)
 HEADING = re.compile(r"^#+\s+(.*?)\s*$")
+DEFAULT_FILES = ("README.md", "docs/results.md")
 
 
 def parse_spec(spec: str) -> dict:
@@ -34,15 +38,20 @@ def parse_spec(spec: str) -> dict:
   words = shlex.split(spec)
   if not words:
     raise ValueError("a table marker names no source file.")
-  selection = {"path": words[0], "section": None, "rows": None, "columns": None, "transpose": False}
+  selection = {
+      "path": words[0], "section": None, "nth": 1, "rows": None, "columns": None, "headers": None,
+      "transpose": False
+  }
   for word in words[1:]:
     key, equals, value = word.partition("=")
     if key == "transpose" and not equals:
       selection["transpose"] = True
     elif key == "section" and equals:
       selection["section"] = value
-    elif key in ("rows", "columns") and equals:
+    elif key in ("rows", "columns", "headers") and equals:
       selection[key] = value.split("|")
+    elif key == "nth" and equals and value.isdigit() and int(value) >= 1:
+      selection["nth"] = int(value)
     else:
       raise ValueError(f"table marker of {words[0]}: unknown option {word!r}.")
   return selection
@@ -52,8 +61,8 @@ def _cells(line: str) -> list[str]:
   return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
-def read_table(path: str, section: str | None) -> list[list[str]]:
-  """The header and body rows of the first table in `path` (after heading `section`)."""
+def read_table(path: str, section: str | None, nth: int = 1) -> list[list[str]]:
+  """The header and body rows of the `nth` table in `path` (after heading `section`)."""
   with open(os.path.join(ROOT, path), encoding="utf-8") as f:
     lines = f.read().splitlines()
   start = 0
@@ -64,15 +73,20 @@ def read_table(path: str, section: str | None) -> list[list[str]]:
     if not headings:
       raise ValueError(f"{path}: no heading {section!r}.")
     start = headings[0] + 1
+  found = 0
   for i in range(start, len(lines) - 1):
     if lines[i].startswith("|") and re.fullmatch(r"\|( *:?-+:? *\|)+", lines[i + 1].strip()):
+      found += 1
+      if found < nth:
+        continue
       rows = [_cells(lines[i])]
       for line in lines[i + 2:]:
         if not line.startswith("|"):
           break
         rows.append(_cells(line))
       return rows
-  raise ValueError(f"{path}: no table" + (f" after heading {section!r}." if section else "."))
+  where = f" after heading {section!r}" if section else ""
+  raise ValueError(f"{path}: no table {nth}{where}." if nth > 1 else f"{path}: no table{where}.")
 
 
 def select(table: list[list[str]], selection: dict) -> list[list[str]]:
@@ -91,6 +105,10 @@ def select(table: list[list[str]], selection: dict) -> list[list[str]]:
     if missing:
       raise ValueError(f"{path}: no row {missing[0]!r}.")
     body = [by_name[r] for r in selection["rows"]]
+  if selection["headers"] is not None:
+    if len(selection["headers"]) != len(header):
+      raise ValueError(f"{path}: {len(selection['headers'])} headers for {len(header)} columns.")
+    header = selection["headers"]
   rows = [header] + body
   if selection["transpose"]:
     rows = [list(column) for column in zip(*rows)]
@@ -107,7 +125,8 @@ def rebuild(text: str) -> str:
   """`text` with every marked table generated from its source."""
   def replace(match: re.Match) -> str:
     selection = parse_spec(match.group("spec"))
-    body = render(select(read_table(selection["path"], selection["section"]), selection))
+    table = read_table(selection["path"], selection["section"], selection["nth"])
+    body = render(select(table, selection))
     return f"<!-- table: {match.group('spec')} -->\n{body}<!-- /table -->"
 
   return BLOCK.sub(replace, text)
@@ -116,7 +135,7 @@ def rebuild(text: str) -> str:
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(prog="python -m tools.readme_tables",
                                    description=__doc__.split("\n\n")[0])
-  parser.add_argument("files", nargs="*", default=["README.md"],
+  parser.add_argument("files", nargs="*", default=list(DEFAULT_FILES),
                       help="Markdown files to rebuild, relative to the repository root")
   parser.add_argument("--check", action="store_true",
                       help="write nothing; exit 1 when a table differs from its source")

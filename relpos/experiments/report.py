@@ -53,6 +53,8 @@ from relpos.experiments import verdicts
 # and the length table.
 RESULTS_SCHEMA_VERSION = 5
 
+TABLES = ("ablation", "k_sweep", "length")  # the order of their sections in table.md
+
 
 def load_runs(results_path: str) -> list[dict]:
   """Reads the runs of a `results.json` file of this or an earlier schema version.
@@ -389,6 +391,86 @@ def _length_findings_lines(runs: list[dict]) -> list[str]:
   ]
 
 
+def _finished_at(run: dict) -> str:
+  """"2026-11-24 08:23" (UTC) from the run's environment, "–" for runs that predate it."""
+  stamp = run.get("environment", {}).get("finished_at")
+  return stamp[:16].replace("T", " ") if stamp else "–"
+
+
+def _commits_from_step(run: dict) -> str:
+  """"2a134ca (0) d911f97 (800)": each commit the run ran under and the step it first started
+  at (schema 4); the run's one commit for runs that predate it. A first step above 0 means the
+  run's earlier starts were not recorded."""
+  first_step = {}
+  for start in run.get("starts", []):
+    first_step.setdefault(start["commit"], start["step"])
+  if not first_step:
+    return run["commit"]
+  return " ".join(f"{commit} ({step:,})" for commit, step in first_step.items())
+
+
+def _each_run_lines(runs: list[dict], table: str) -> list[str]:
+  """One line per run of `table` (rows in table order, then seeds): its BLEU on every split,
+  the checkpoint step scored, the test split's other scores and checkpoint choices, its time,
+  when it finished and the commits it ran under."""
+  table_runs = [r for r in runs if r["table"] == table]
+  if not table_runs:
+    return []
+  order = {row: i for i, row in enumerate(verdicts.rows_in_order(runs, table))}
+  table_runs.sort(key=lambda r: (order[r["row"]], r["seed"]))
+  splits = verdicts.splits_in_order(table_runs)
+  test_split = verdicts.main_test_split(table_runs)
+  columns = [("step scored", lambda r: r["scores"].get(test_split, {}).get("step"))]
+  columns += [(f"{split} BLEU", lambda r, split=split: r["scores"].get(split, {}).get("bleu"))
+              for split in splits]
+  columns += [(f"{test_split} {label}",
+               lambda r, name=name: r["scores"].get(test_split, {}).get(name))
+              for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"))]
+  for choice in other_checkpoints(table_runs):
+    score = lambda r, choice=choice, name="bleu": (r.get("other_checkpoints", {}).get(choice, {}).
+                                                   get(test_split, {}).get(name))
+    columns += [(f"{test_split} BLEU ({choice})", score),
+                (f"{test_split} BLEU ({choice}, lower-cased)",
+                 lambda r, score=score: score(r, name="bleu_lowercase"))]
+  # A column only where some run has it (older runs lack lower-cased BLEU, chrF, steps).
+  columns = [(name, cell) for name, cell in columns if any(cell(r) is not None for r in table_runs)]
+
+  def text(value) -> str:
+    if value is None:
+      return "–"
+    return f"{value:,}" if isinstance(value, int) else f"{value:.1f}"
+
+  header = ["row", "seed"] + [name for name, _ in columns
+                             ] + ["time", "finished (UTC)", "commits (from step)"]
+  lines = [
+      f"## {table}: each run", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)
+  ]
+  for run in table_runs:
+    cells = [run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns]
+    cells += [duration(run["wall_time_s"]), _finished_at(run), _commits_from_step(run)]
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines + [""] + _curve_lines(table_runs, table)
+
+
+def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
+  """Validation BLEU at every validated step, one line per run (schema 2); none without
+  curves."""
+  curved = [r for r in table_runs if r.get("validation_curve")]
+  if not curved:
+    return []
+  steps = sorted({step for r in curved for step, _ in r["validation_curve"]})
+  lines = [
+      f"## {table}: validation BLEU by step", "",
+      "| row | seed | " + " | ".join(f"{step:,}" for step in steps) + " |",
+      "|" + " --- |" * (len(steps) + 2)
+  ]
+  for run in curved:
+    bleu = dict((step, value) for step, value in run["validation_curve"])
+    cells = [f"{bleu[step]:.1f}" if step in bleu else "–" for step in steps]
+    lines.append(f"| {run['row']} | {run['seed']} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
 def render_table(runs: list[dict]) -> str:
   """The markdown of `table.md` for the given runs."""
   tasks = sorted({r["task"] for r in runs})
@@ -411,12 +493,13 @@ def render_table(runs: list[dict]) -> str:
       (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
        "checkpoints averaged)" if others else "") + ".", ""
   ]
-  for table in ("ablation", "k_sweep", "length"):
+  for table in TABLES:
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):
     lines += _length_findings_lines(runs)
+  each_run = [line for table in TABLES for line in _each_run_lines(runs, table)]
   if all(r["table"] == "length" for r in runs):
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + each_run) + "\n"
   margin = verdicts.MARGIN_BLEU
   lines += [
       "## The paper's findings, here", "", f"Each finding compares the per-seed values of two rows "
@@ -429,7 +512,7 @@ def render_table(runs: list[dict]) -> str:
       "| finding | reproduced | evidence |", "| --- | --- | --- |"
   ]
   lines += [f"| {f} | {v} | {e} |" for f, v, e in verdicts.findings(runs)]
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines + [""] + each_run) + "\n"
 
 
 def write_table(results_path: str, table_path: str) -> str:
