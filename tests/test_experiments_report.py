@@ -102,7 +102,7 @@ def test_length_table_columns_and_diagnostics():
 
 def test_each_run_and_its_validation_curve(tmp_path):
   """Every run on its own line (rows in the table's order, then seeds), with the step it was
-  scored at, its other checkpoint's scores, time, finish and commits; its validation curve."""
+  scored at, its other checkpoint's scores, finish and commits; its time and validation curve."""
   runs = []
   for row, seed, bleu in (("rel_kv", 1, 41.0), ("abs", 0, 39.0), ("rel_kv", 0, 40.0)):
     run = fake_results.run_record("ablation", row, seed, bleu, 10.0)
@@ -115,6 +115,7 @@ def test_each_run_and_its_validation_curve(tmp_path):
                 {"commit": "bbb2222", "step": 900}])
     runs.append(run)
   runs[0]["validation_curve"].append([1500, 30.0])  # a step only one run validated
+  runs[0]["time_s"] = {"training": 8_100.0, "validation": 720.0, "evaluation": 180.0}
   runs[1].pop("starts")  # a run from before starts were recorded: its one commit
   path = tmp_path / "results.json"
   path.write_text(json.dumps({"schema_version": 4, "runs": runs}))
@@ -122,16 +123,22 @@ def test_each_run_and_its_validation_curve(tmp_path):
   each_run = text[text.index("## ablation: each run"):]
   assert ("| row | seed | step scored | validation BLEU | test BLEU | test_long BLEU | test BLEU "
           "(lower-cased) | test chrF | test BLEU (average:10) | test BLEU (average:10, "
-          "lower-cased) | time | finished (UTC) | commits (from step) |") in each_run
-  run_lines = [line for line in each_run.splitlines() if line.startswith(("| abs", "| rel_kv"))]
+          "lower-cased) | finished (UTC) | commits (from step) |") in each_run
+  run_lines = [
+      line for line in each_run.splitlines()
+      if line.startswith(("| abs", "| rel_kv")) and " s (" not in line  # not the time table
+  ]
   assert run_lines[:3] == [
-      "| rel_kv | 0 | 8,000 | 41.0 | 40.0 | 10.0 | 40.4 | 60.0 | 41.0 | 42.0 | 2 h 30 min | "
-      "2026-11-24 08:23 | aaa1111 (0) bbb2222 (800) |",
-      "| rel_kv | 1 | 8,000 | 42.0 | 41.0 | 10.0 | 41.4 | 60.0 | 42.0 | 43.0 | 2 h 30 min | "
-      "2026-11-24 08:23 | aaa1111 (0) bbb2222 (800) |",
-      f"| abs | 0 | 8,000 | 40.0 | 39.0 | 10.0 | 39.4 | 60.0 | 40.0 | 41.0 | 2 h 30 min | "
+      "| rel_kv | 0 | 8,000 | 41.0 | 40.0 | 10.0 | 40.4 | 60.0 | 41.0 | 42.0 | 2026-11-24 08:23 | "
+      "aaa1111 (0) bbb2222 (800) |",
+      "| rel_kv | 1 | 8,000 | 42.0 | 41.0 | 10.0 | 41.4 | 60.0 | 42.0 | 43.0 | 2026-11-24 08:23 | "
+      "aaa1111 (0) bbb2222 (800) |",
+      f"| abs | 0 | 8,000 | 40.0 | 39.0 | 10.0 | 39.4 | 60.0 | 40.0 | 41.0 | "
       f"2026-11-24 08:23 | {runs[1]['commit']} |",
   ]
+  assert ("| rel_kv | 0 | 9,000 s (2 h 30 min) | – | – | – | 10.00 |\n"
+          "| rel_kv | 1 | 9,000 s (2 h 30 min) | 8,100 s (90.0%) | 720 s (8.0%) | 180 s (2.0%) | "
+          "10.00 |") in each_run[each_run.index("## ablation: where each run's time went"):]
   assert "## ablation: validation BLEU by step" in each_run
   assert run_lines[3:] == [
       "| rel_kv | 0 | 7.0 | 20.0 | – |", "| rel_kv | 1 | 7.0 | 20.5 | 30.0 |",

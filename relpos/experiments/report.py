@@ -410,9 +410,9 @@ def _commits_from_step(run: dict) -> str:
 
 
 def _each_run_lines(runs: list[dict], table: str) -> list[str]:
-  """One line per run of `table` (rows in table order, then seeds): its BLEU on every split,
-  the checkpoint step scored, the test split's other scores and checkpoint choices, its time,
-  when it finished and the commits it ran under."""
+  """One line per run of `table` (rows in table order, then seeds): the checkpoint step scored,
+  its BLEU on every split, the test split's other scores and checkpoint choices, when it
+  finished and the commits it ran under; then each run's time and its validation curve."""
   table_runs = [r for r in runs if r["table"] == table]
   if not table_runs:
     return []
@@ -441,15 +441,36 @@ def _each_run_lines(runs: list[dict], table: str) -> list[str]:
     return f"{value:,}" if isinstance(value, int) else f"{value:.1f}"
 
   header = ["row", "seed"] + [name for name, _ in columns
-                             ] + ["time", "finished (UTC)", "commits (from step)"]
+                             ] + ["finished (UTC)", "commits (from step)"]
   lines = [
       f"## {table}: each run", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)
   ]
   for run in table_runs:
     cells = [run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns]
-    cells += [duration(run["wall_time_s"]), _finished_at(run), _commits_from_step(run)]
+    cells += [_finished_at(run), _commits_from_step(run)]
     lines.append("| " + " | ".join(cells) + " |")
-  return lines + [""] + _curve_lines(table_runs, table)
+  return lines + [""] + _time_by_run_lines(table_runs, table) + _curve_lines(table_runs, table)
+
+
+def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
+  """Each run's wall time and where it went (schema 3, summed over its starts; "–" for runs
+  that predate it), with each part's share, and its steps per second."""
+  lines = [
+      f"## {table}: where each run's time went", "",
+      "| row | seed | wall time | training | validation | final evaluation | steps/s |",
+      "|" + " --- |" * 7
+  ]
+  for run in table_runs:
+    total, time_s = run["wall_time_s"], run.get("time_s", {})
+    parts = [
+        f"{time_s[part]:,.0f} s ({time_s[part] / total:.1%})" if part in time_s else "–"
+        for part in ("training", "validation", "evaluation")
+    ]
+    speed = run.get("steps_per_second")
+    parts.append(f"{speed:.2f}" if speed else "–")
+    lines.append(f"| {run['row']} | {run['seed']} | {total:,.0f} s ({duration(total)}) | " +
+                 " | ".join(parts) + " |")
+  return lines + [""]
 
 
 def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
