@@ -1,5 +1,6 @@
 """`table.md` from `results.json` alone: mean ± std over seeds, the paper beside it, and the
-findings judged by `relpos.experiments.verdicts`, laid out as markdown.
+findings judged by `relpos.experiments.verdicts`, laid out as markdown; at its end each run on
+its own line (scores, finish, commits), where its time went, and its validation curve.
 
 `results.json` (schema version RESULTS_SCHEMA_VERSION, written by `relpos.experiments.runner`)
 holds
