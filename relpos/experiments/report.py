@@ -55,6 +55,7 @@ from relpos.experiments import verdicts
 RESULTS_SCHEMA_VERSION = 5
 
 TABLES = ("ablation", "k_sweep", "length")  # the order of their sections in table.md
+TIME_PARTS = ("training", "validation", "evaluation")  # the parts of a run's time_s (schema 3)
 
 
 def load_runs(results_path: str) -> list[dict]:
@@ -190,10 +191,7 @@ def _time_lines(runs: list[dict]) -> list[str]:
   if not timed:
     return []
   mean = lambda values: sum(values) / len(timed)
-  parts = {
-      part: mean([r["time_s"][part] for r in timed])
-      for part in ("training", "validation", "evaluation")
-  }
+  parts = {part: mean([r["time_s"][part] for r in timed]) for part in TIME_PARTS}
   total = mean([r["wall_time_s"] for r in timed])
   hours = f" ({duration(total)})" if total >= 3600 else ""
   return [
@@ -410,15 +408,17 @@ def _commits_from_step(run: dict) -> str:
   return " ".join(f"{commit} ({step:,})" for commit, step in first_step.items())
 
 
-def _each_run_lines(runs: list[dict], table: str) -> list[str]:
-  """One line per run of `table` (rows in table order, then seeds): the checkpoint step scored,
-  its BLEU on every split, the test split's other scores and checkpoint choices, when it
-  finished and the commits it ran under; then each run's time and its validation curve."""
-  table_runs = [r for r in runs if r["table"] == table]
-  if not table_runs:
-    return []
+def _runs_in_order(runs: list[dict], table: str) -> list[dict]:
+  """The runs of `table`, rows in the table's order, then seeds."""
   order = {row: i for i, row in enumerate(verdicts.rows_in_order(runs, table))}
-  table_runs.sort(key=lambda r: (order[r["row"]], r["seed"]))
+  return sorted((r for r in runs if r["table"] == table), key=lambda r:
+                (order[r["row"]], r["seed"]))
+
+
+def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
+  """One line per run of `table` (`_runs_in_order`): the checkpoint step scored, its BLEU on
+  every split, the test split's other scores and checkpoint choices, when it finished and the
+  commits it ran under."""
   splits = verdicts.splits_in_order(table_runs)
   test_split = verdicts.main_test_split(table_runs)
   columns = [("step scored", lambda r: r["scores"].get(test_split, {}).get("step"))]
@@ -450,7 +450,7 @@ def _each_run_lines(runs: list[dict], table: str) -> list[str]:
     cells = [run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns]
     cells += [_finished_at(run), _commits_from_step(run)]
     lines.append("| " + " | ".join(cells) + " |")
-  return lines + [""] + _time_by_run_lines(table_runs, table) + _curve_lines(table_runs, table)
+  return lines + [""]
 
 
 def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
@@ -465,7 +465,7 @@ def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
     total, time_s = run["wall_time_s"], run.get("time_s", {})
     parts = [
         f"{time_s[part]:,.0f} s ({time_s[part] / total:.1%})" if part in time_s else "–"
-        for part in ("training", "validation", "evaluation")
+        for part in TIME_PARTS
     ]
     speed = run.get("steps_per_second")
     parts.append(f"{speed:.2f}" if speed else "–")
@@ -487,7 +487,7 @@ def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
       "|" + " --- |" * (len(steps) + 2)
   ]
   for run in curved:
-    bleu = dict((step, value) for step, value in run["validation_curve"])
+    bleu = dict(run["validation_curve"])
     cells = [f"{bleu[step]:.1f}" if step in bleu else "–" for step in steps]
     lines.append(f"| {run['row']} | {run['seed']} | " + " | ".join(cells) + " |")
   return lines + [""]
@@ -519,7 +519,11 @@ def render_table(runs: list[dict]) -> str:
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):
     lines += _length_findings_lines(runs)
-  each_run = [line for table in TABLES for line in _each_run_lines(runs, table)]
+  each_run = []  # per run: its scores, where its time went, its validation curve
+  for table in TABLES:
+    if table_runs := _runs_in_order(runs, table):
+      each_run += (_each_run_lines(table_runs, table) + _time_by_run_lines(table_runs, table) +
+                   _curve_lines(table_runs, table))
   if all(r["table"] == "length" for r in runs):
     return "\n".join(lines + each_run) + "\n"
   margin = verdicts.MARGIN_BLEU
