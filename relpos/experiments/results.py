@@ -7,6 +7,7 @@ written before that record it as an absolute path. `workdir_of` reads either.
 import datetime
 import os
 import platform
+from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -131,3 +132,48 @@ def write_outputs(output_dir: str) -> dict[str, Any]:
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)
   return {"results": results_path, "table": table, "plots": made}
+
+
+def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> list[str]:
+  """Writes back the result.json of each of `runs` that `published` (a table's results.json,
+  e.g. the copy under docs/results/) holds finished and whose folder `output_dir` lacks, so a
+  table whose output folder was lost goes on from its published runs instead of training them
+  again. A restored result is the published one plus "restored": {"from": `published`, "at":
+  UTC time}; the run's checkpoints, metrics and translations were never published, so it cannot
+  be evaluated again or resumed. A run whose folder exists is left as it is (it resumes, or is
+  finished, from its own files).
+
+  Args:
+    published: the results.json to restore from.
+    runs: the table's planned runs (`runner.Run`: `.name` and `.workdir`).
+    output_dir: the table's output folder.
+
+  Returns:
+    The workdirs written, in the order of `runs`.
+
+  Raises:
+    ValueError: naming `published` when it cannot be read or is not a table's results.json.
+  """
+  try:
+    published_runs = report.load_runs(published)
+  except OSError as e:
+    raise ValueError(f"--restore_from {published}: {e.strerror}.") from None
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    detail = str(e) if isinstance(e, ValueError) else "no 'runs' list"
+    raise ValueError(f"--restore_from {published} is not a table's results.json ({detail}).")
+  by_name = {}
+  for result in published_runs:
+    if not isinstance(result, dict) or any(field not in result for field in RESULT_FIELDS):
+      raise ValueError(f"--restore_from {published} holds a run without "
+                       f"{', '.join(RESULT_FIELDS)}: not a table's results.json.")
+    by_name[os.path.basename(result["workdir"])] = result
+  restored = []
+  for run in runs:
+    if run.name not in by_name or os.path.exists(run.workdir):
+      continue
+    result = {**by_name[run.name], "workdir": relative_workdir(run.workdir)}
+    result["restored"] = {"from": published, "at": now()}
+    os.makedirs(run.workdir)
+    json_files.write_json(os.path.join(run.workdir, RESULT_FILE), result, indent=1)
+    restored.append(run.workdir)
+  return restored

@@ -74,6 +74,11 @@ _STACK_SEEDS = flags.DEFINE_bool(
     "stack_seeds", False, "Train each row's pending seeds as one program (relpos.seed_stack: "
     "their states stacked, one compiled step over every seed), then evaluate each as usual; "
     "the runs' files and results are those of seeds trained alone. With --parallel=1 only.")
+_RESTORE_FROM = flags.DEFINE_string(
+    "restore_from", None, "A results.json of this table kept elsewhere (e.g. "
+    "docs/results/<table>/results.json): its finished runs whose folders --output_dir lacks "
+    "count as finished (their result.json written back, marked restored) instead of training "
+    "again; for an output folder that was lost. Their checkpoints are not restored.")
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _STATUS = flags.DEFINE_bool(
     "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
@@ -126,7 +131,8 @@ def main(argv: Sequence[str]) -> None:
     return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
                             output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
                             parallel=_PARALLEL.value, order=_ORDER.value,
-                            retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value)
+                            retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value,
+                            restore_from=_RESTORE_FROM.value)
 
   try:
     outputs = cli.run(argv, table)

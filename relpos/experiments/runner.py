@@ -286,7 +286,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
               rows: Sequence[str] | None = None, overrides: dict[str, Any] | None = None,
               parallel: int = 1, order: str = "rows", retrain_changed: bool = False,
-              stack_seeds: bool = False) -> dict[str, Any]:
+              stack_seeds: bool = False, restore_from: str | None = None) -> dict[str, Any]:
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
@@ -304,6 +304,10 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       the table before any work.
     stack_seeds: (with `parallel` = 1) train each row's pending seeds as one program
       (`relpos.seed_stack`): the same runs and results, one compiled step over the seeds.
+    restore_from: a results.json of this table published elsewhere (e.g. under docs/results/):
+      its finished runs whose folders `output_dir` lacks are written back as finished
+      (`results.restore_published`) before the table goes on; their configs are checked
+      against the request like any finished run's.
 
   Returns:
     results.write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
@@ -312,8 +316,9 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
 
   Raises:
     ValueError: for an unknown table, row or order, an invalid override, no seeds, `parallel`
-      < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task or a
-      finished run made with another config (see `pending_runs`).
+      < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task, a
+      finished run made with another config (see `pending_runs`), or a `restore_from` that is
+      not a results.json.
     locks.WorkdirInUseError: another table runs in `output_dir`.
   """
   if not seeds:
@@ -335,8 +340,13 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
       busy="another table runs there; wait for it to end (or stop it), or pass "
       "another --output_dir"):
-    _check_one_task(output_dir, task)
     runs = table_runs(table, task, rows, seeds, output_dir, order)
+    if restore_from:
+      for workdir in results.restore_published(restore_from, runs, output_dir):
+        print(
+            f"relpos: {workdir} restored as finished from {restore_from} (its checkpoints "
+            "and translations are not there).", flush=True)
+    _check_one_task(output_dir, task)
     pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed)
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
