@@ -1,5 +1,6 @@
 """Tests for relpos.experiments.results: reading a run's result.json, collecting a table's,
-and the workdir a result records (relative to the table's folder, or absolute in older ones)."""
+and the workdir a result records (relative to the table's folder, or absolute in older ones);
+writing back published results (--restore_from)."""
 import os
 import re
 
@@ -45,3 +46,18 @@ def test_host_cpu_names_the_model_and_the_vector_instruction_sets(tmp_path, monk
   monkeypatch.setattr(results.platform, "machine", lambda: "arm64")
   assert results.host_cpu(str(tmp_path / "none")) == "arm64"  # no /proc/cpuinfo (macOS)
   assert results.environment()["host_cpu"] == results.host_cpu()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "--restore_from {path}: No such file or directory."),
+    ("{", "--restore_from {path} is not a table's results.json (Expecting property name"),
+    ('{"runs": 3}', "--restore_from {path} is not a table's results.json (no 'runs' list)."),
+    ('{"runs": [{"row": "abs"}]}', "--restore_from {path} holds a run without table, row"),
+])
+def test_restore_from_a_file_that_is_not_a_results_json_is_refused_in_one_line(
+    tmp_path, content, message):
+  path = tmp_path / "results.json"
+  if content is not None:
+    path.write_text(content)
+  with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
+    results.restore_published(str(path), [], str(tmp_path / "out"))

@@ -447,3 +447,44 @@ def test_stack_seeds_trains_a_rows_seeds_as_one_program(finished_table, tmp_path
   ]
   assert validation_loss(runs[0], stacked_dir) == pytest.approx(validation_loss(alone, output_dir),
                                                                 rel=1e-4)
+
+
+def test_a_lost_output_folder_goes_on_from_the_published_results(finished_table, tmp_path,
+                                                                 monkeypatch):
+  """--restore_from: the published runs whose folders are missing count as finished (marked
+  restored, nothing trained), a run whose folder exists is left as it is, and their configs are
+  checked against the request like any finished run's."""
+  root, output_dir, outputs = finished_table
+  published = str(tmp_path / "published.json")
+  shutil.copy(outputs["results"], published)
+  with open(published, encoding="utf-8") as f:
+    published_runs = {r["row"]: r for r in json.load(f)["runs"]}
+  lost = str(tmp_path / "lost")
+  overrides = tiny_table.overrides(str(root / "tfds"))
+  with pytest.raises(ValueError, match=re.escape("was made with train.num_steps=4, not the 5")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],
+                     overrides={**overrides, "train.num_steps": 5}, restore_from=published)
+  shutil.rmtree(lost)
+  os.makedirs(os.path.join(lost, "runs", "synthetic-ablation-rel_kv-seed0"))  # a run begun anew
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost)
+  assert runner.results.restore_published(published, runs, lost) == [runs[0].workdir]
+  assert os.listdir(runs[1].workdir) == []
+  shutil.rmtree(runs[1].workdir)
+
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  restored = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost,
+                              rows=["abs", "rel_kv"], overrides=overrides, restore_from=published)
+  with open(restored["results"], encoding="utf-8") as f:
+    runs_after = {r["row"]: r for r in json.load(f)["runs"]}
+  for row, run in runs_after.items():
+    assert run.pop("restored")["from"] == published
+    assert run == published_runs[row]  # the published result, whole
+  restored_line = re.search(r"Restored from .*\n\n", restored["table"]).group()
+  assert restored_line.startswith(f"Restored from `{published}` on "
+                                  f"{datetime.date.today().isoformat()} (`--restore_from`")
+  assert restored_line.endswith("): abs seed 0, rel_kv seed 0.\n\n")
+  # The published table, with that one sentence added.
+  assert restored["table"].replace(restored_line,
+                                   "") == report.render_table(list(published_runs.values()))
+  row = status.report("ablation", "synthetic", runs, lost).splitlines()[4]
+  assert row.startswith("synthetic-ablation-abs-seed0     finished (restored)  -")

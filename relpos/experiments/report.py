@@ -450,7 +450,22 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
     cells = [run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns]
     cells += [_finished_at(run), _commits_from_step(run)]
     lines.append("| " + " | ".join(cells) + " |")
-  return lines + [""]
+  return lines + [""] + _restored_lines(table_runs)
+
+
+def _restored_lines(table_runs: list[dict]) -> list[str]:
+  """A sentence naming the runs whose results were written back from a published results.json
+  (`--restore_from`) after their folders were lost, if any."""
+  by_source = {}
+  for run in (r for r in table_runs if "restored" in r):
+    restored = run["restored"]
+    key = (restored["from"], restored["at"][:10])
+    by_source.setdefault(key, []).append(f"{run['row']} seed {run['seed']}")
+  return [
+      f"Restored from `{source}` on {day} (`--restore_from`: their output folder was lost, "
+      f"with their checkpoints and translations; these are the results published before): "
+      f"{', '.join(names)}.\n" for (source, day), names in by_source.items()
+  ]
 
 
 def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:

@@ -160,7 +160,11 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
     raise ValueError(f"--restore_from {published}: {e.strerror}.") from None
   except (ValueError, KeyError, TypeError, AttributeError) as e:
     detail = str(e) if isinstance(e, ValueError) else "no 'runs' list"
-    raise ValueError(f"--restore_from {published} is not a table's results.json ({detail}).")
+    raise ValueError(
+        f"--restore_from {published} is not a table's results.json ({detail}).") from None
+  if not isinstance(published_runs, list):
+    raise ValueError(f"--restore_from {published} is not a table's results.json (no 'runs' "
+                     "list).")
   by_name = {}
   for result in published_runs:
     if not isinstance(result, dict) or any(field not in result for field in RESULT_FIELDS):

@@ -2,7 +2,8 @@
 holds the folder, and for each planned run its state, its last logged step, the checkpoint a
 restart resumes from, its best validation BLEU (once finished, the selected checkpoint's, as
 table.md gives it), once finished its test BLEU, and while it runs its training time left at its
-recent pace.
+recent pace. A run written back from published results (`--restore_from`) is "finished
+(restored)", with no step or checkpoint of its own.
 
 Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
 --status`: the table's own command, with --status added):
@@ -16,6 +17,7 @@ Nothing is locked, written or loaded onto a device (`python -m relpos.experiment
   multi30k_gpu-ablation-abs-seed1   not started  -          -           -                     ...
 """
 import dataclasses
+import datetime
 import os
 import time
 from collections.abc import Sequence
@@ -50,6 +52,9 @@ class RunStatus:
   updated: float | None = None  # when its metrics (or result) were last written, epoch seconds
   steps_per_second: float | None = None  # over its last RECENT_RECORDS train records
   wall_time_s: float | None = None  # finished: the seconds it took, over all its starts
+  # Finished elsewhere: its result written back from a published results.json (`--restore_from`),
+  # without its checkpoints.
+  restored: bool = False
 
 
 # The train records whose steps per second give a running run's training time left.
@@ -90,7 +95,7 @@ def run_status(run: runner.Run) -> RunStatus:
   updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
   # The first of the highest (max keeps the first), as the recorder judges early stopping.
   best = max(validations, key=lambda validation: validation[1], default=None)
-  test, wall_time_s = None, None
+  test, wall_time_s, restored = None, None, False
   if os.path.exists(run.result):
     state, result = "finished", results.read_result(run.result)
     split = verdicts.main_test_split([result])
@@ -99,6 +104,10 @@ def run_status(run: runner.Run) -> RunStatus:
     if "step" in selected and "bleu" in selected:
       best = (selected["step"], selected["bleu"])
     updated, wall_time_s = os.path.getmtime(run.result), result.get("wall_time_s")
+    restored = "restored" in result
+    finished_at = result.get("environment", {}).get("finished_at")
+    if restored and finished_at:  # when it finished, not when it was written back
+      updated = datetime.datetime.fromisoformat(finished_at).timestamp()
   elif (locks.holder(run.workdir, single_run.LOCK_FILE) or
         locks.holder(run.workdir, workdir_files.LOCK_FILE)):
     state = "running"
@@ -107,7 +116,7 @@ def run_status(run: runner.Run) -> RunStatus:
   return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
                    checkpoint=newest_checkpoint(run.workdir), validation=best, test=test,
                    updated=updated, steps_per_second=sum(speeds) / len(speeds) if speeds else None,
-                   wall_time_s=wall_time_s)
+                   wall_time_s=wall_time_s, restored=restored)
 
 
 def _cell(value: object) -> str:
@@ -125,7 +134,7 @@ def _row(status: RunStatus) -> list[str]:
   if status.state == "running" and status.steps_per_second and status.num_steps:
     left = duration((status.num_steps - status.step) / status.steps_per_second)
   return [
-      status.name, status.state,
+      status.name, f"{status.state} (restored)" if status.restored else status.state,
       _cell(step),
       _cell(status.checkpoint),
       _cell(validation),
