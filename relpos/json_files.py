@@ -1,6 +1,8 @@
-"""JSON and text files written whole or not at all, and JSON read with one-line errors."""
+"""JSON and text files written (or copied) whole or not at all, and JSON read with one-line
+errors."""
 import json
 import os
+import shutil
 from typing import Any
 
 
@@ -10,6 +12,16 @@ def write_text(path: str, text: str) -> None:
   try:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
       f.write(text)
+    os.replace(path + ".tmp", path)
+  finally:
+    if os.path.exists(path + ".tmp"):
+      os.remove(path + ".tmp")
+
+
+def copy_file(source: str, path: str) -> None:
+  """Copies `source` to `path` whole or not at all (as `write_text`), its bytes unchanged."""
+  try:
+    shutil.copyfile(source, path + ".tmp")
     os.replace(path + ".tmp", path)
   finally:
     if os.path.exists(path + ".tmp"):

@@ -449,18 +449,41 @@ def test_stack_seeds_trains_a_rows_seeds_as_one_program(finished_table, tmp_path
                                                                 rel=1e-4)
 
 
-def test_a_lost_output_folder_goes_on_from_the_published_results(finished_table, tmp_path,
-                                                                 monkeypatch):
-  """--restore_from: the published runs whose folders are missing count as finished (marked
-  restored, nothing trained), a run whose folder exists is left as it is, and their configs are
-  checked against the request like any finished run's."""
-  root, output_dir, outputs = finished_table
-  published = str(tmp_path / "published.json")
-  shutil.copy(outputs["results"], published)
+def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, monkeypatch):
+  """--publish_to copies results.json, table.md, the plots and the runs' test translations; with
+  --restore_from, the published runs whose folders are missing count as finished (marked
+  restored, their translations back in eval/, nothing trained), a run whose folder exists is
+  left as it is, and their configs are checked against the request like any finished run's."""
+  root, _, _ = finished_table
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  published_dir = str(tmp_path / "docs" / "results" / "ablation")
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs", "rel_kv"], overrides=overrides, publish_to=published_dir)
+  published = os.path.join(published_dir, "results.json")
+  translations = {
+      name: sorted(n
+                   for n in os.listdir(os.path.join(output_dir, "runs", name, "eval"))
+                   if n.endswith(".txt") and not n.startswith("validation.")
+                  ) for name in ("synthetic-ablation-abs-seed0", "synthetic-ablation-rel_kv-seed0")
+  }
+  assert all(any(n.startswith("test.best.") for n in names) for names in translations.values())
+  assert sorted(outputs["published"]) == sorted(
+      [published, os.path.join(published_dir, "table.md")] +
+      [os.path.join(published_dir, os.path.basename(p)) for p in outputs["plots"]] + [
+          os.path.join(published_dir, "translations", name, n)
+          for name, names in translations.items()
+          for n in names
+      ])
+  for path in outputs["published"]:  # each a copy of its source, byte for byte
+    parts = os.path.relpath(path, published_dir).split(os.sep)
+    source = (os.path.join(output_dir, "runs", parts[1], "eval", parts[2])
+              if parts[0] == "translations" else os.path.join(output_dir, parts[0]))
+    assert open(path, "rb").read() == open(source, "rb").read(), path
   with open(published, encoding="utf-8") as f:
     published_runs = {r["row"]: r for r in json.load(f)["runs"]}
+
   lost = str(tmp_path / "lost")
-  overrides = tiny_table.overrides(str(root / "tfds"))
   with pytest.raises(ValueError, match=re.escape("was made with train.num_steps=4, not the 5")):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],
                      overrides={**overrides, "train.num_steps": 5}, restore_from=published)
@@ -471,14 +494,19 @@ def test_a_lost_output_folder_goes_on_from_the_published_results(finished_table,
   assert os.listdir(runs[1].workdir) == []
   shutil.rmtree(runs[1].workdir)
 
-  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
   restored = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost,
-                              rows=["abs", "rel_kv"], overrides=overrides, restore_from=published)
+                              rows=["abs", "rel_kv"], overrides=overrides, restore_from=published,
+                              publish_to=str(tmp_path / "again"))
   with open(restored["results"], encoding="utf-8") as f:
     runs_after = {r["row"]: r for r in json.load(f)["runs"]}
   for row, run in runs_after.items():
     assert run.pop("restored")["from"] == published
     assert run == published_runs[row]  # the published result, whole
+  for run in runs:
+    eval_dir = os.path.join(run.workdir, "eval")
+    assert sorted(os.listdir(eval_dir)) == translations[run.name]
+    again = tmp_path / "again" / "translations" / run.name
+    assert sorted(os.listdir(again)) == translations[run.name]  # published again from there
   restored_line = re.search(r"Restored from .*\n\n", restored["table"]).group()
   assert restored_line.startswith(f"Restored from `{published}` on "
                                   f"{datetime.date.today().isoformat()} (`--restore_from`")

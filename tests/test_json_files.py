@@ -1,4 +1,4 @@
-"""Tests for relpos.json_files: whole-or-nothing writes and one-line read errors."""
+"""Tests for relpos.json_files: whole-or-nothing writes and copies, and one-line read errors."""
 import os
 
 import pytest
@@ -28,3 +28,15 @@ def test_invalid_json_is_one_line_naming_the_file(tmp_path):
   path.write_text('{"table": "abl')
   with pytest.raises(ValueError, match=rf"^{path} is not valid JSON \(.*\)\.$"):
     json_files.read_json(str(path))
+
+
+def test_copy_file_copies_the_bytes_and_a_failed_copy_leaves_the_old_file(tmp_path):
+  source, path = tmp_path / "plot.png", str(tmp_path / "copy.png")
+  source.write_bytes(b"\x89PNG\r\n\x00\xff")
+  json_files.write_text(path, "old")
+  with pytest.raises(FileNotFoundError):
+    json_files.copy_file(str(tmp_path / "missing.png"), path)
+  assert open(path, encoding="utf-8").read() == "old"
+  json_files.copy_file(str(source), path)
+  assert open(path, "rb").read() == b"\x89PNG\r\n\x00\xff"
+  assert sorted(os.listdir(tmp_path)) == ["copy.png", "plot.png"]  # no temporary file left

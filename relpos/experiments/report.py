@@ -462,8 +462,8 @@ def _restored_lines(table_runs: list[dict]) -> list[str]:
     key = (restored["from"], restored["at"][:10])
     by_source.setdefault(key, []).append(f"{run['row']} seed {run['seed']}")
   return [
-      f"Restored from `{source}` on {day} (`--restore_from`: their output folder was lost, "
-      f"with their checkpoints and translations; these are the results published before): "
+      f"Restored from `{source}` on {day} (`--restore_from`: their output folder was lost "
+      f"with their checkpoints; these are the results published before): "
       f"{', '.join(names)}.\n" for (source, day), names in by_source.items()
   ]
 

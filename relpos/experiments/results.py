@@ -15,6 +15,7 @@ import jax
 from absl import logging
 
 from relpos import json_files
+from relpos import workdir_files
 from relpos.experiments import analysis
 from relpos.experiments import plots
 from relpos.experiments import report
@@ -120,8 +121,9 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
   return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
 
 
-def write_outputs(output_dir: str) -> dict[str, Any]:
-  """results.json from the finished runs, then table.md and the plots from it."""
+def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, Any]:
+  """results.json from the finished runs, then table.md and the plots from it; with
+  `publish_to`, then a copy of them and of the runs' test translations there (`publish`)."""
   results_path = os.path.join(output_dir, RESULTS_FILE)
   json_files.write_json(
       results_path, {
@@ -131,7 +133,50 @@ def write_outputs(output_dir: str) -> dict[str, Any]:
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
   made += analysis.plot_learned_positions(results_path, output_dir)
-  return {"results": results_path, "table": table, "plots": made}
+  outputs = {"results": results_path, "table": table, "plots": made}
+  return {**outputs, "published": publish(output_dir, publish_to)} if publish_to else outputs
+
+
+# In a published table's folder: each finished run's translations of its test splits, under
+# TRANSLATIONS_DIR/<run>/ (the .txt files of the run's eval/ folder, names unchanged; their
+# .json records hold absolute paths and scores results.json has, so they stay behind).
+TRANSLATIONS_DIR = "translations"
+
+
+def translations_of_test_splits(result: dict[str, Any], output_dir: str) -> list[str]:
+  """The translation files in the eval/ folder of `result`'s run (in the table in `output_dir`)
+  of the splits it scored other than validation, by name (`evaluate.output_name`:
+  `<split>.<checkpoint>.step<N>.beam<B>.alpha<A>.txt`)."""
+  eval_dir = os.path.join(workdir_of(result, output_dir), workdir_files.EVAL_DIR)
+  names = sorted(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else []
+  splits = [split for split in result["scores"] if split != "validation"]
+  return [n for n in names if n.endswith(".txt") and n.split(".")[0] in splits]
+
+
+def publish(output_dir: str, destination: str) -> list[str]:
+  """Copies a table's results.json, table.md and plots from `output_dir` into `destination`
+  (e.g. docs/results/<table>/, created if missing), and each finished run's test translations
+  (`translations_of_test_splits`) into `destination`/TRANSLATIONS_DIR/<run>/, each file whole
+  or not at all, so that what a finished run measured outlives its output folder
+  (`restore_published` reads it back). The translations let the published runs be compared by
+  paired bootstrap (`sacrebleu ... --paired-bs`) without their checkpoints.
+
+  Returns:
+    The files written, results.json first.
+  """
+  names = [RESULTS_FILE, "table.md"] + sorted(
+      n for n in os.listdir(output_dir) if n.endswith(".png"))
+  copies = [(os.path.join(output_dir, n), os.path.join(destination, n)) for n in names]
+  for result in collect(output_dir):
+    workdir = workdir_of(result, output_dir)
+    eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
+    run_copy = os.path.join(destination, TRANSLATIONS_DIR, os.path.basename(workdir))
+    copies += [(os.path.join(eval_dir, n), os.path.join(run_copy, n))
+               for n in translations_of_test_splits(result, output_dir)]
+  for source, path in copies:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    json_files.copy_file(source, path)
+  return [path for _, path in copies]
 
 
 def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> list[str]:
@@ -139,9 +184,10 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
   e.g. the copy under docs/results/) holds finished and whose folder `output_dir` lacks, so a
   table whose output folder was lost goes on from its published runs instead of training them
   again. A restored result is the published one plus "restored": {"from": `published`, "at":
-  UTC time}; the run's checkpoints, metrics and translations were never published, so it cannot
-  be evaluated again or resumed. A run whose folder exists is left as it is (it resumes, or is
-  finished, from its own files).
+  UTC time}, with the test translations `publish` kept beside `published` back in its eval/
+  folder; its checkpoints and metrics were never published, so it cannot be evaluated again or
+  resumed. A run whose folder exists is left as it is (it resumes, or is finished, from its own
+  files).
 
   Args:
     published: the results.json to restore from.
@@ -177,7 +223,11 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
       continue
     result = {**by_name[run.name], "workdir": relative_workdir(run.workdir)}
     result["restored"] = {"from": published, "at": now()}
-    os.makedirs(run.workdir)
-    json_files.write_json(os.path.join(run.workdir, RESULT_FILE), result, indent=1)
+    translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, run.name)
+    eval_dir = os.path.join(run.workdir, workdir_files.EVAL_DIR)
+    os.makedirs(eval_dir)
+    for name in sorted(os.listdir(translations)) if os.path.isdir(translations) else []:
+      json_files.copy_file(os.path.join(translations, name), os.path.join(eval_dir, name))
+    json_files.write_json(os.path.join(run.workdir, RESULT_FILE), result, indent=1)  # last
     restored.append(run.workdir)
   return restored

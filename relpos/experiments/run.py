@@ -77,8 +77,13 @@ _STACK_SEEDS = flags.DEFINE_bool(
 _RESTORE_FROM = flags.DEFINE_string(
     "restore_from", None, "A results.json of this table kept elsewhere (e.g. "
     "docs/results/<table>/results.json): its finished runs whose folders --output_dir lacks "
-    "count as finished (their result.json written back, marked restored) instead of training "
-    "again; for an output folder that was lost. Their checkpoints are not restored.")
+    "count as finished (their result.json and published test translations written back, marked "
+    "restored) instead of training again; for an output folder that was lost. Their checkpoints "
+    "are not restored.")
+_PUBLISH_TO = flags.DEFINE_string(
+    "publish_to", None, "A folder to copy results.json, table.md, the plots and each finished "
+    "run's test translations into after every finished run (e.g. docs/results/<table>, to "
+    "commit): what --restore_from reads back if --output_dir is lost.")
 _LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
 _STATUS = flags.DEFINE_bool(
     "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
@@ -132,7 +137,7 @@ def main(argv: Sequence[str]) -> None:
                             output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
                             parallel=_PARALLEL.value, order=_ORDER.value,
                             retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value,
-                            restore_from=_RESTORE_FROM.value)
+                            restore_from=_RESTORE_FROM.value, publish_to=_PUBLISH_TO.value)
 
   try:
     outputs = cli.run(argv, table)
@@ -140,6 +145,8 @@ def main(argv: Sequence[str]) -> None:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])
   print("Wrote", outputs["results"], "and", ", ".join(outputs["plots"]))
+  if outputs.get("published"):
+    print(f"Copied them and the runs' test translations to {_PUBLISH_TO.value}.")
   if outputs["preempted"]:
     print("relpos: stopped; rerun the same command to resume.")
   if outputs["failed"]:

@@ -155,7 +155,8 @@ def _train_stacked(runs: Sequence[Run], task: str,
 
 
 def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
-                    output_dir: str, stack_seeds: bool = False) -> bool:
+                    output_dir: str, publish_to: str | None = None,
+                    stack_seeds: bool = False) -> bool:
   """Runs `runs` one after another in this process; returns whether one was preempted.
 
   With `stack_seeds`, a row's seeds are trained as one program (`_train_stacked`) when its
@@ -174,7 +175,7 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
           "to resume.", run.workdir)
       return True
     _print_finished(result, done, len(runs), started)
-    results.write_outputs(output_dir)
+    results.write_outputs(output_dir, publish_to)
   return False
 
 
@@ -189,7 +190,8 @@ def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list
 
 
 def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
-                  output_dir: str, parallel: int) -> tuple[list[Run], bool]:
+                  output_dir: str, parallel: int,
+                  publish_to: str | None = None) -> tuple[list[Run], bool]:
   """Runs `runs` as child processes (`children.run_all`), up to `parallel` at once;
   results.json is rebuilt after each finished one. A child that fails is reported with its
   log, and the others go on.
@@ -202,7 +204,7 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
   def ended(run: Run, returncode: int, done: int) -> None:
     if os.path.exists(run.result):
       _print_finished(results.read_result(run.result), done, len(runs), started)
-      results.write_outputs(output_dir)
+      results.write_outputs(output_dir, publish_to)
     else:
       failed.append(run)
       print(
@@ -286,7 +288,8 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
               rows: Sequence[str] | None = None, overrides: dict[str, Any] | None = None,
               parallel: int = 1, order: str = "rows", retrain_changed: bool = False,
-              stack_seeds: bool = False, restore_from: str | None = None) -> dict[str, Any]:
+              stack_seeds: bool = False, restore_from: str | None = None,
+              publish_to: str | None = None) -> dict[str, Any]:
   """Trains and evaluates every (row, seed) of a table not finished yet in `output_dir`.
 
   Args:
@@ -308,6 +311,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       its finished runs whose folders `output_dir` lacks are written back as finished
       (`results.restore_published`) before the table goes on; their configs are checked
       against the request like any finished run's.
+    publish_to: a folder (e.g. docs/results/<table>/) to copy results.json, table.md, the plots
+      and the runs' test translations into after each finished run (`results.publish`).
 
   Returns:
     results.write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
@@ -344,19 +349,20 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     if restore_from:
       for workdir in results.restore_published(restore_from, runs, output_dir):
         print(
-            f"relpos: {workdir} restored as finished from {restore_from} (its checkpoints "
-            "and translations are not there).", flush=True)
+            f"relpos: {workdir} restored as finished from {restore_from} (its result and "
+            "the test translations published with it, not its checkpoints).", flush=True)
     _check_one_task(output_dir, task)
     pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed)
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
       failed = []
       preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir,
-                                  stack_seeds=stack_seeds)
+                                  publish_to=publish_to, stack_seeds=stack_seeds)
     else:
       failed, preempted = _run_children(pending, task=task, overrides=overrides,
-                                        output_dir=output_dir, parallel=parallel)
+                                        output_dir=output_dir, parallel=parallel,
+                                        publish_to=publish_to)
     return {
-        **results.write_outputs(output_dir), "preempted": preempted,
+        **results.write_outputs(output_dir, publish_to), "preempted": preempted,
         "failed": [run.log for run in failed]
     }
