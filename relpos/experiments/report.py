@@ -88,6 +88,11 @@ def length_buckets(runs: list[dict], split: str) -> list[str]:
   return sorted(buckets, key=lambda b: int(b.split("-")[0]))
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+  """A markdown table's lines: `header`, its separator, then one line per row of cells."""
+  return ["| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]]
+
+
 def _table_section(runs: list[dict], table: str) -> list[str]:
   rows = verdicts.rows_in_order(runs, table)
   if not rows:
@@ -108,7 +113,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] +
             [f"{test_split} {label}" for _, label in beside] +
             [f"{test_split} BLEU ({choice})" for choice in others] + ["paper", "params", "steps/s"])
-  lines = [f"## {table}", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+  cell_rows = []
   for row in rows:
     if table == "k_sweep":
       k = int(row.split("=")[1])
@@ -141,28 +146,27 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
         paper_cell, f"{params[0]:,}" if params else "–",
         f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"
     ]
-    lines.append("| " + " | ".join(cells) + " |")
-  lines += ["", *_time_lines(table_runs)]
+    cell_rows.append(cells)
+  lines = [f"## {table}", "", *markdown_table(header, cell_rows), "", *_time_lines(table_runs)]
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
   for split in [s for s in splits if s != "validation"]:
     buckets = length_buckets(table_runs, split)
     if not buckets or with_oracle:
       continue
-    lines += [
-        f"BLEU by source length (words), {split}:", "",
-        "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
-        "|" + " --- |" * (len(buckets) + 1)
-    ]
+    cell_rows = []
     for row in rows:
-      cells = []
+      cells = [row]
       for bucket in buckets:
         values = [
             r["bleu_by_source_length"][split][bucket] for r in runs if r["table"] == table and
             r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})
         ]
         cells.append(verdicts.format_mean_std(values))
-      lines.append(f"| {row} | " + " | ".join(cells) + " |")
-    lines.append("")
+      cell_rows.append(cells)
+    lines += [
+        f"BLEU by source length (words), {split}:", "",
+        *markdown_table(["row", *map(bucket_label, buckets)], cell_rows), ""
+    ]
   return lines + _diagnostics_lines(runs, table, rows)
 
 
@@ -211,7 +215,7 @@ def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
       f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter", f"{long} longer",
       "drop recovered by oracle length"
   ])
-  lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+  cell_rows = []
   for row in rows:
     row_runs = verdicts.runs_of_row(runs, "length", row)
     cells = [row, str(len(row_runs))]
@@ -225,8 +229,8 @@ def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
         verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
         verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
     ]
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines + [
+    cell_rows.append(cells)
+  return markdown_table(header, cell_rows) + [
       "", f"Length ratio: hypothesis over reference length, summed over the split, "
       f"in target tokens (the task's SentencePiece pieces, eos excluded); "
       f"shorter / longer: the share of hypotheses that stop before / run past "
@@ -243,14 +247,10 @@ def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, tit
   buckets = length_buckets(runs, split)
   if not buckets:
     return []
-  lines = [
-      title, "", "| row | " + " | ".join(map(bucket_label, buckets)) + " |",
-      "|" + " --- |" * (len(buckets) + 1)
+  cell_rows = [
+      [row] + [cell(verdicts.runs_of_row(runs, table, row), b) for b in buckets] for row in rows
   ]
-  for row in rows:
-    row_runs = verdicts.runs_of_row(runs, table, row)
-    lines.append(f"| {row} | " + " | ".join(cell(row_runs, b) for b in buckets) + " |")
-  return lines + [""]
+  return [title, "", *markdown_table(["row", *map(bucket_label, buckets)], cell_rows), ""]
 
 
 def _diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
@@ -313,15 +313,11 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
     ranges = [
         (low, min(low + POSITION_RANGE, last + 1)) for low in range(0, last + 1, POSITION_RANGE)
     ]
-    lines += [
-        f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
-        f"eos, {split}:", "", "| row | " +
-        " | ".join(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges) + " | eos |",
-        "|" + " --- |" * (len(ranges) + 2)
-    ]
+    header = ["row", *(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges), "eos"]
+    cell_rows = []
     for row in rows:
       row_runs = [r for r in have if r["row"] == row]
-      cells = []
+      cells = [row]
       for low, high in ranges:
         values = []
         for r in row_runs:
@@ -333,8 +329,11 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
                           count)
         cells.append(verdicts.format_mean_std(values))
       eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
-      lines.append(f"| {row} | " + " | ".join(cells) + f" | {verdicts.format_mean_std(eos)} |")
-    lines.append("")
+      cell_rows.append(cells + [verdicts.format_mean_std(eos)])
+    lines += [
+        f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
+        f"eos, {split}:", "", *markdown_table(header, cell_rows), ""
+    ]
   return lines
 
 
@@ -352,15 +351,11 @@ def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]
       for r in runs
       for s in splits
       if s in r.get("attention_profile", {}))
-  header = [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
-  lines = [
-      f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
-      f"key), {' / '.join(splits)} sources:", "", "| row | " + " | ".join(header) + " |",
-      "|" + " --- |" * (layers + 1)
-  ]
+  header = ["row"] + [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
+  cell_rows = []
   for row in rows:
     row_runs = [r for r in runs if r["row"] == row]
-    cells = []
+    cells = [row]
     for layer in range(layers):
       cells.append(" / ".join(
           verdicts.format_ratio([
@@ -370,8 +365,11 @@ def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]
               layer < len(r["attention_profile"][s]["normalized_entropy"])
           ])
           for s in splits))
-    lines.append(f"| {row} | " + " | ".join(cells) + " |")
-  return lines + [""]
+    cell_rows.append(cells)
+  return [
+      f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
+      f"key), {' / '.join(splits)} sources:", "", *markdown_table(header, cell_rows), ""
+  ]
 
 
 def _length_findings_lines(runs: list[dict]) -> list[str]:
@@ -384,9 +382,9 @@ def _length_findings_lines(runs: list[dict]) -> list[str]:
       f"{verdicts.MARGIN_BLEU} BLEU and significant (p < {verdicts.ALPHA}). (ii) also gives "
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
-      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "", "| finding | holds | evidence |",
-      "| --- | --- | --- |",
-      *(f"| {f} | {v} | {e} |" for f, v, e in verdicts.length_findings(runs)), ""
+      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
+      *markdown_table(["finding", "holds", "evidence"],
+                      [list(finding) for finding in verdicts.length_findings(runs)]), ""
   ]
 
 
@@ -443,14 +441,10 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
 
   header = ["row", "seed"] + [name for name, _ in columns
                              ] + ["finished (UTC)", "commits (from step)"]
-  lines = [
-      f"## {table}: each run", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)
-  ]
-  for run in table_runs:
-    cells = [run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns]
-    cells += [_finished_at(run), _commits_from_step(run)]
-    lines.append("| " + " | ".join(cells) + " |")
-  return lines + [""] + _restored_lines(table_runs)
+  cell_rows = [[run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns] +
+               [_finished_at(run), _commits_from_step(run)] for run in table_runs]
+  return [f"## {table}: each run", "", *markdown_table(header, cell_rows), ""
+         ] + _restored_lines(table_runs)
 
 
 def _restored_lines(table_runs: list[dict]) -> list[str]:
@@ -471,11 +465,7 @@ def _restored_lines(table_runs: list[dict]) -> list[str]:
 def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
   """Each run's wall time and where it went (schema 3, summed over its starts; "–" for runs
   that predate it), with each part's share, and its steps per second."""
-  lines = [
-      f"## {table}: where each run's time went", "",
-      "| row | seed | wall time | training | validation | final evaluation | steps/s |",
-      "|" + " --- |" * 7
-  ]
+  cell_rows = []
   for run in table_runs:
     total, time_s = run["wall_time_s"], run.get("time_s", {})
     parts = [
@@ -484,9 +474,9 @@ def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
     ]
     speed = run.get("steps_per_second")
     parts.append(f"{speed:.2f}" if speed else "–")
-    lines.append(f"| {run['row']} | {run['seed']} | {total:,.0f} s ({duration(total)}) | " +
-                 " | ".join(parts) + " |")
-  return lines + [""]
+    cell_rows.append([run["row"], str(run["seed"]), f"{total:,.0f} s ({duration(total)})", *parts])
+  header = ["row", "seed", "wall time", "training", "validation", "final evaluation", "steps/s"]
+  return [f"## {table}: where each run's time went", "", *markdown_table(header, cell_rows), ""]
 
 
 def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
@@ -496,16 +486,13 @@ def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
   if not curved:
     return []
   steps = sorted({step for r in curved for step, _ in r["validation_curve"]})
-  lines = [
-      f"## {table}: validation BLEU by step", "",
-      "| row | seed | " + " | ".join(f"{step:,}" for step in steps) + " |",
-      "|" + " --- |" * (len(steps) + 2)
-  ]
+  cell_rows = []
   for run in curved:
     bleu = dict(run["validation_curve"])
-    cells = [f"{bleu[step]:.1f}" if step in bleu else "–" for step in steps]
-    lines.append(f"| {run['row']} | {run['seed']} | " + " | ".join(cells) + " |")
-  return lines + [""]
+    cell_rows.append([run["row"], str(run["seed"])] +
+                     [f"{bleu[step]:.1f}" if step in bleu else "–" for step in steps])
+  header = ["row", "seed"] + [f"{step:,}" for step in steps]
+  return [f"## {table}: validation BLEU by step", "", *markdown_table(header, cell_rows), ""]
 
 
 def render_table(runs: list[dict]) -> str:
@@ -550,9 +537,9 @@ def render_table(runs: list[dict]) -> str:
       f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
       f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
       f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
-      "| finding | reproduced | evidence |", "| --- | --- | --- |"
+      *markdown_table(["finding", "reproduced", "evidence"],
+                      [list(finding) for finding in verdicts.findings(runs)])
   ]
-  lines += [f"| {f} | {v} | {e} |" for f, v, e in verdicts.findings(runs)]
   return "\n".join(lines + [""] + each_run) + "\n"
 
 
