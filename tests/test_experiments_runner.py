@@ -483,6 +483,12 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
   with open(published, encoding="utf-8") as f:
     published_runs = {r["row"]: r for r in json.load(f)["runs"]}
 
+  not_a_folder = tmp_path / "a_file"
+  not_a_folder.write_text("")
+  with pytest.raises(ValueError, match=re.escape(f"--publish_to {not_a_folder}: cannot write")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir, rows=["abs"],
+                     overrides=overrides, publish_to=str(not_a_folder))
+
   lost = str(tmp_path / "lost")
   with pytest.raises(ValueError, match=re.escape("was made with train.num_steps=4, not the 5")):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],

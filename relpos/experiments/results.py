@@ -1,5 +1,7 @@
 """A table's results: each run's result.json (written last: the run is finished), and
-results.json (every finished run), from which table.md and the plots are made.
+results.json (every finished run), from which table.md and the plots are made; their published
+copy (`publish`: with the runs' test translations, e.g. into docs/results/), and the finished
+runs written back from it into an output folder that was lost (`restore_published`).
 
 A result records its run's workdir relative to the table's folder (`runs/<name>`); results
 written before that record it as an absolute path. `workdir_of` reads either.

@@ -322,8 +322,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   Raises:
     ValueError: for an unknown table, row or order, an invalid override, no seeds, `parallel`
       < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task, a
-      finished run made with another config (see `pending_runs`), or a `restore_from` that is
-      not a results.json.
+      finished run made with another config (see `pending_runs`), a `restore_from` that is
+      not a results.json, or a `publish_to` folder that cannot be written.
     locks.WorkdirInUseError: another table runs in `output_dir`.
   """
   if not seeds:
@@ -341,6 +341,13 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)
+  if publish_to:  # a folder it cannot write stops the table before any work, not after a run
+    try:
+      os.makedirs(publish_to, exist_ok=True)
+      if not os.access(publish_to, os.W_OK):
+        raise PermissionError(f"{publish_to} is not writable")
+    except OSError as e:
+      raise ValueError(f"--publish_to {publish_to}: cannot write there ({e}).") from None
   with locks.hold(
       output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
       busy="another table runs there; wait for it to end (or stop it), or pass "
