@@ -1,6 +1,7 @@
 """Tests for relpos.experiments.run, the tables' command: its listing, and a one-run table set
-through --config.<field> and --set. (Its one-line mistakes: test_cli.py; tables run through it:
-test_experiments_runner.py, test_experiments_status.py, test_variants.py.)"""
+through --config.<field> and --set, published and restored. (Its one-line mistakes:
+test_cli.py; tables run through it: test_experiments_runner.py, test_experiments_status.py,
+test_variants.py.)"""
 
 import json
 import os
@@ -23,14 +24,25 @@ def test_experiments_list_names_tables_rows_and_tasks():
 
 def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
   """A one-run table: k=3 (off the paper's grid) on the tiny base, its budget set with
-  --config.<field> and --set alike."""
+  --config.<field> and --set alike; --publish_to copies it out, and --restore_from writes it
+  back into another output folder without training it again."""
   data_dir = tmp_path / "data"
-  subprocess.run([
+  command = [
       sys.executable, "-m", "relpos.experiments.run", "--table=k_sweep", "--task=tiny",
-      "--rows=k=3", f"--output_dir={tmp_path}/out", "--config.train.num_steps=2",
-      "--config.decode.validation_bleu=False", "--config.decode.length_diagnostics=False",
-      f"--config.task.tfds_data_dir={data_dir}", "--set=train.eval_every_steps=2"
-  ], cwd=ROOT, capture_output=True, text=True, check=True)
+      "--rows=k=3", "--config.train.num_steps=2", "--config.decode.validation_bleu=False",
+      "--config.decode.length_diagnostics=False", f"--config.task.tfds_data_dir={data_dir}",
+      "--set=train.eval_every_steps=2"
+  ]
+  done = subprocess.run(
+      command + [f"--output_dir={tmp_path}/out", f"--publish_to={tmp_path}/published"], cwd=ROOT,
+      capture_output=True, text=True, check=True)
+  assert f"Copied them and the runs' test translations to {tmp_path}/published." in done.stdout
+  done = subprocess.run(
+      command +
+      [f"--output_dir={tmp_path}/lost", f"--restore_from={tmp_path}/published/results.json"],
+      cwd=ROOT, capture_output=True, text=True, check=True)
+  assert "restored as finished" in done.stdout and "training and evaluating" not in done.stdout
+  assert "Restored from" in open(tmp_path / "lost" / "table.md", encoding="utf-8").read()
   with open(tmp_path / "out" / "runs" / "tiny-k_sweep-k3-seed0" / "result.json") as f:
     result = json.load(f)
   assert result["k"] == 3 and result["config"]["model"]["max_relative_position"] == 3
