@@ -1,31 +1,36 @@
 """JSON and text files written (or copied) whole or not at all, and JSON read with one-line
 errors."""
+import contextlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from typing import Any
+
+
+@contextlib.contextmanager
+def _replacing(path: str) -> Iterator[str]:
+  """Yields a temporary path beside `path`, renamed to `path` once the block has written it
+  whole; removed if the block fails, so `path` keeps its old content."""
+  try:
+    yield path + ".tmp"
+    os.replace(path + ".tmp", path)
+  finally:
+    if os.path.exists(path + ".tmp"):
+      os.remove(path + ".tmp")
 
 
 def write_text(path: str, text: str) -> None:
   """Writes `text` (UTF-8) to `path` whole or not at all (a temporary file renamed), so that a
   reader never sees half of it and a failed write leaves the old file."""
-  try:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(path + ".tmp", path)
-  finally:
-    if os.path.exists(path + ".tmp"):
-      os.remove(path + ".tmp")
+  with _replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
 
 
 def copy_file(source: str, path: str) -> None:
   """Copies `source` to `path` whole or not at all (as `write_text`), its bytes unchanged."""
-  try:
-    shutil.copyfile(source, path + ".tmp")
-    os.replace(path + ".tmp", path)
-  finally:
-    if os.path.exists(path + ".tmp"):
-      os.remove(path + ".tmp")
+  with _replacing(path) as tmp:
+    shutil.copyfile(source, tmp)
 
 
 def write_json(path: str, data: Any, **dump_options: Any) -> None:

@@ -42,8 +42,8 @@ references' lengths (oracle length) and the test_long length ratio, with its own
 """
 
 import json
-import os
 
+from relpos import json_files
 from relpos.experiments import paper
 from relpos.experiments import verdicts
 
@@ -546,8 +546,5 @@ def render_table(runs: list[dict]) -> str:
 def write_table(results_path: str, table_path: str) -> str:
   """Rebuilds `table.md` from `results.json` alone; returns the markdown."""
   text = render_table(load_runs(results_path))
-  tmp = table_path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, table_path)
+  json_files.write_text(table_path, text)  # whole or not at all
   return text

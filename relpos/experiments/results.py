@@ -146,13 +146,15 @@ TRANSLATIONS_DIR = "translations"
 
 
 def translations_of_test_splits(result: dict[str, Any], output_dir: str) -> list[str]:
-  """The translation files in the eval/ folder of `result`'s run (in the table in `output_dir`)
-  of the splits it scored other than validation, by name (`evaluate.output_name`:
-  `<split>.<checkpoint>.step<N>.beam<B>.alpha<A>.txt`)."""
+  """The paths of the translation files in the eval/ folder of `result`'s run (in the table in
+  `output_dir`) of the splits it scored other than validation (`evaluate.output_name`:
+  `<split>.<checkpoint>.step<N>.beam<B>.alpha<A>.txt`), by name."""
   eval_dir = os.path.join(workdir_of(result, output_dir), workdir_files.EVAL_DIR)
   names = sorted(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else []
   splits = [split for split in result["scores"] if split != "validation"]
-  return [n for n in names if n.endswith(".txt") and n.split(".")[0] in splits]
+  return [
+      os.path.join(eval_dir, n) for n in names if n.endswith(".txt") and n.split(".")[0] in splits
+  ]
 
 
 def publish(output_dir: str, destination: str) -> list[str]:
@@ -170,11 +172,9 @@ def publish(output_dir: str, destination: str) -> list[str]:
       n for n in os.listdir(output_dir) if n.endswith(".png"))
   copies = [(os.path.join(output_dir, n), os.path.join(destination, n)) for n in names]
   for result in collect(output_dir):
-    workdir = workdir_of(result, output_dir)
-    eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
-    run_copy = os.path.join(destination, TRANSLATIONS_DIR, os.path.basename(workdir))
-    copies += [(os.path.join(eval_dir, n), os.path.join(run_copy, n))
-               for n in translations_of_test_splits(result, output_dir)]
+    run_copy = os.path.join(destination, TRANSLATIONS_DIR, os.path.basename(result["workdir"]))
+    copies += [(path, os.path.join(run_copy, os.path.basename(path)))
+               for path in translations_of_test_splits(result, output_dir)]
   for source, path in copies:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     json_files.copy_file(source, path)
