@@ -15,10 +15,11 @@ def test_experiments_list_names_tables_rows_and_tasks():
   done = subprocess.run([sys.executable, "-m", "relpos.experiments.run", "--list"], cwd=ROOT,
                         capture_output=True, text=True, check=True)
   lines = done.stdout.strip().splitlines()
-  assert lines[0].startswith("table ablation: abs, rel_kv, rel_k, rel_v, none, t5")
+  assert lines[0] == ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, "
+                      "alibi (with --rows also: fire, shape, randomized, rel_kv_concat)")
   assert lines[1] == "table k_sweep: k=0, k=1, k=2, k=4, k=16, k=64, k=256 (or any k=<int>)"
   assert lines[2] == ("table length: abs, rel_kv, t5, rope, alibi, fire, shape, randomized, "
-                      "rel_kv_concat")
+                      "rel_kv_concat (with --rows also: rel_k, rel_v, none, abs_rel_kv)")
   assert lines[3] == "tasks: synthetic, multi30k, multi30k_gpu, tiny, wmt14"
 
 

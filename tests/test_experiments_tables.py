@@ -43,6 +43,17 @@ def test_a_row_of_a_table():
     tables.row_config("rel_q", "synthetic")
 
 
+def test_every_row_a_table_names_is_one_it_takes():
+  """--list and a wrong row's error name every row a table takes (rows_text), and only those."""
+  for table in ("ablation", "length"):
+    named = tables.rows_text(table).replace(" (with --rows also:", ",").rstrip(")").split(", ")
+    assert sorted(named) == sorted(tables.ROWS), table
+    assert all(tables.row_in_table(row, table) for row in named)
+  assert tables.more_rows("ablation") == ("fire", "shape", "randomized", "rel_kv_concat")
+  assert tables.rows_text("k_sweep").endswith("k=256 (or any k=<int>)")
+  assert not tables.row_in_table("rel_q", "ablation") and not tables.more_rows("k_sweep")
+
+
 def test_the_length_table_rows_and_their_task_fields():
   assert tables.TABLES["length"] == ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape",
                                      "randomized", "rel_kv_concat")

@@ -228,8 +228,8 @@ def test_import_of_a_variant_of_the_wrong_shape_is_one_line_and_writes_nothing(t
 
 def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
   listed = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--list")
-  assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi, "
-          "kerple") in listed.stdout
+  assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi "
+          "(with --rows also: fire, shape, randomized, rel_kv_concat, kerple)") in listed.stdout
   table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple", "--task=tiny",
                "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
                "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",

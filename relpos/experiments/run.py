@@ -97,14 +97,7 @@ _PARALLEL = flags.DEFINE_integer(
 
 def listing() -> str:
   """The tables with their rows, and the tasks, one per line."""
-  extra = {
-      "k_sweep": " (or any k=<int>)",
-      "ablation": "".join(f", {row}" for row in tables.variant_rows())
-  }
-  lines = [
-      f"table {table}: {', '.join(rows)}{extra.get(table, '')}"
-      for table, rows in tables.TABLES.items()
-  ]
+  lines = [f"table {table}: {tables.rows_text(table)}" for table in tables.TABLES]
   return "\n".join(lines + [f"tasks: {', '.join(tables.TASKS)}"])
 
 

@@ -89,9 +89,8 @@ def table_rows(table: str, rows: Sequence[str] | None) -> list[str]:
   rows = list(rows or tables.TABLES[table])
   for row in rows:
     if not tables.row_in_table(row, table):
-      any_k = " or any k=<int>" if table == "k_sweep" else ""
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
-                       f"{', '.join(tables.TABLES[table])}{any_k}.")
+                       f"{tables.rows_text(table)}.")
   return rows
 
 

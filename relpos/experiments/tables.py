@@ -140,15 +140,31 @@ def row_overrides(row: str) -> dict[str, object]:
                    f"your own: --import=<its module>.")
 
 
+def more_rows(table: str) -> tuple[str, ...]:
+  """Rows `table` runs only when named (--rows), beyond its default ones: for the ablation and
+  length tables every other row of `ROWS` and every other registered position variant (a row
+  of its own name); for the k sweep none (it takes any `k=<int>` instead)."""
+  if table == "k_sweep":
+    return ()
+  return tuple(row for row in (*ROWS, *variant_rows()) if row not in TABLES[table])
+
+
+def rows_text(table: str) -> str:
+  """The rows of `table` as --list and its errors name them: the default ones, then the rest."""
+  text = ", ".join(TABLES[table])
+  if table == "k_sweep":
+    return f"{text} (or any k=<int>)"
+  more = more_rows(table)
+  return f"{text} (with --rows also: {', '.join(more)})" if more else text
+
+
 def row_in_table(row: str, table: str) -> bool:
-  """Whether `row` belongs to `table`: one of its rows; for the k sweep any `k=<int>`; for the
-  ablation and length tables any row of `ROWS` and any other registered position variant (a
-  row of its own name)."""
+  """Whether `row` belongs to `table`: one of its default rows or `more_rows`; for the k sweep
+  any `k=<int>`."""
   if table == "k_sweep" and row.startswith(_K_PREFIX):
     row_overrides(row)  # a malformed k raises, naming the row
     return True
-  return row in TABLES[table] or (table in ("ablation", "length") and
-                                  (row in ROWS or row in variant_rows()))
+  return row in TABLES[table] or row in more_rows(table)
 
 
 def row_config(row: str, task: str) -> ml_collections.ConfigDict:
