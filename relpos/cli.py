@@ -88,6 +88,19 @@ def define_multihost_flag() -> flags.FlagHolder:
       "'<coordinator host:port>,<num_processes>,<process_id>'.")
 
 
+_ERRNO = re.compile(r"\[Errno \d+\] ([^:']+): '([^']+)'$")
+# ml_collections' words for a config file that failed to load, before the cause.
+_CONFIG_NOT_LOADED = "Configuration is not available because of an earlier failure to load: "
+
+
+def _errno_as_file(message: str) -> str:
+  """`message` with an ending "[Errno 2] No such file or directory: 'x'" (Python's words for an
+  OSError) as "x: No such file or directory.", and ml_collections' preamble to a config file
+  that failed to load as "--config: "."""
+  message = message.replace(_CONFIG_NOT_LOADED, "--config: ")
+  return _ERRNO.sub(r"\2: \1.", message)
+
+
 def _one_line(error: Exception) -> str:
   """An error's message on one line: its first line's subject and its last line (the cause,
   when the message holds a traceback, as ml_collections' config file errors do)."""
@@ -117,7 +130,7 @@ def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
   try:
     yield
   except (flags.Error, OSError) as e:
-    sys.exit(f"error: {_one_line(e)}")
+    sys.exit(f"error: {_errno_as_file(_one_line(e))}")
   except (LookupError, AttributeError) as e:  # ml_collections: an override of a missing field
     sys.exit(f"error: {_unknown_field(argv, e)}")
 
@@ -196,6 +209,12 @@ def start(multihost: str = "") -> None:
   distributed.initialize(multihost)
 
 
+def _message(error: BaseException) -> str:
+  """One line for a user's mistake, as `checkpoints.short_cause` gives it, with an operating
+  system's error as "<file>: <reason>." (`_errno_as_file`)."""
+  return _errno_as_file(checkpoints.short_cause(error, max_chars=None))
+
+
 def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:
   """The body of a program's absl `main`: `start`, then `work()`, whose result it returns.
 
@@ -211,7 +230,7 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
     start(multihost)
     return work()
   except USER_ERRORS as e:
-    sys.exit(f"error: {checkpoints.short_cause(e, max_chars=None)}")
+    sys.exit(f"error: {_message(e)}")
   except KeyboardInterrupt as e:  # SIGINT: training saved first (see relpos.preemption)
     print(f"interrupted: {e}" if str(e) else "interrupted", file=sys.stderr)
     sys.exit(130)
