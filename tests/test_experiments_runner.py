@@ -116,7 +116,15 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert rel["config"]["model"]["position"] == "relative"
   assert len(rel["position_statistics"]["qak_by_offset"][0]) == 2 * 16 + 1
   assert "qak_by_offset" not in runs[0]["position_statistics"]
+  # rel_kv against abs, seed 0, by paired bootstrap of their translations (the task's references)
+  assert "paired_bootstrap" not in runs[0] and set(rel["paired_bootstrap"]) == {"test", "test_long"}
+  for split, compared in rel["paired_bootstrap"].items():
+    assert compared["against"] == "synthetic-ablation-abs-seed0"
+    assert (compared["bleu"], compared["baseline_bleu"]) == pytest.approx(
+        (rel["scores"][split]["bleu"], runs[0]["scores"][split]["bleu"]))
+    assert 0 < compared["p_value"] <= 1
   table = open(os.path.join(output_dir, "table.md")).read()
+  assert "## ablation: paired bootstrap against abs, seed by seed" in table
   assert "| abs | 1 |" in table and "| rel_kv | 1 |" in table
   assert "| test BLEU (latest) |" in table and "| test chrF |" in table
   assert "Checkpoint scored: best ('best' by validation BLEU); beside it latest" in table

@@ -447,6 +447,40 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
          ] + _restored_lines(table_runs)
 
 
+def _paired_lines(table_runs: list[dict], table: str) -> list[str]:
+  """Per test split, each run's BLEU difference from its seed's baseline run and the p of the
+  paired bootstrap (`relpos.experiments.paired`), rows by seeds; none where no run has one."""
+  compared = [r for r in table_runs if r.get("paired_bootstrap")]
+  if not compared:
+    return []
+  splits = list(dict.fromkeys(s for r in compared for s in r["paired_bootstrap"]))
+  first = compared[0]["paired_bootstrap"][splits[0]]
+  baseline, signature = first["against_row"], first["signature"]
+  seeds = sorted({r["seed"] for r in table_runs})
+  rows = [row for row in verdicts.rows_in_order(table_runs, table) if row != baseline]
+  lines = [
+      f"## {table}: paired bootstrap against {baseline}, seed by seed", "",
+      f"BLEU of each run minus that of the `{baseline}` run of its seed, and the two-sided p of "
+      f"sacreBLEU's paired bootstrap over the test sentences (`{signature}`): how often the "
+      "choice of test sentences alone moves two equally good systems this far apart. – where "
+      "a run of the pair has no translations (restored without them) or has not finished.", ""
+  ]
+  for split in splits:
+    cells = []
+    for row in rows:
+      by_seed = {
+          r["seed"]: r["paired_bootstrap"][split]
+          for r in table_runs
+          if r["row"] == row and split in r.get("paired_bootstrap", {})
+      }
+      cells.append([row] + [
+          f"{by_seed[seed]['difference']:+.1f} (p = {by_seed[seed]['p_value']:.2g})" if seed in
+          by_seed else "–" for seed in seeds
+      ])
+    lines += [f"{split}:", "", *markdown_table(["row"] + [f"seed {s}" for s in seeds], cells), ""]
+  return lines
+
+
 def _restored_lines(table_runs: list[dict]) -> list[str]:
   """A sentence naming the runs whose results were written back from a published results.json
   (`--restore_from`) after their folders were lost, if any."""
@@ -524,8 +558,8 @@ def render_table(runs: list[dict]) -> str:
   each_run = []  # per run: its scores, where its time went, its validation curve
   for table in TABLES:
     if table_runs := _runs_in_order(runs, table):
-      each_run += (_each_run_lines(table_runs, table) + _time_by_run_lines(table_runs, table) +
-                   _curve_lines(table_runs, table))
+      each_run += (_each_run_lines(table_runs, table) + _paired_lines(table_runs, table) +
+                   _time_by_run_lines(table_runs, table) + _curve_lines(table_runs, table))
   if all(r["table"] == "length" for r in runs):
     return "\n".join(lines + each_run) + "\n"
   margin = verdicts.MARGIN_BLEU

@@ -19,6 +19,7 @@ from absl import logging
 from relpos import json_files
 from relpos import workdir_files
 from relpos.experiments import analysis
+from relpos.experiments import paired
 from relpos.experiments import plots
 from relpos.experiments import report
 from relpos.experiments import tables
@@ -124,13 +125,16 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 
 
 def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, Any]:
-  """results.json from the finished runs, then table.md and the plots from it; with
-  `publish_to`, then a copy of them and of the runs' test translations there (`publish`)."""
+  """results.json from the finished runs (with `paired.annotate`'s comparisons), then table.md
+  and the plots from it; with `publish_to`, then a copy of them and of the runs' test
+  translations there (`publish`)."""
   results_path = os.path.join(output_dir, RESULTS_FILE)
+  runs = collect(output_dir)
+  paired.annotate(runs, [workdir_of(run, output_dir) for run in runs])
   json_files.write_json(
       results_path, {
           "schema_version": report.RESULTS_SCHEMA_VERSION, "written_at": now(),
-          **environment(), "runs": collect(output_dir)
+          **environment(), "runs": runs
       }, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)

@@ -82,6 +82,11 @@ TABLES: dict[str, tuple[str, ...]] = {
     "length": LENGTH_ROWS,
 }
 
+# Table name -> the row each of its runs is compared with, seed by seed, by paired bootstrap
+# (`relpos.experiments.paired`; the table's first row where this one did not run): the paper's
+# baseline, absolute positions, and in the k sweep its k = 16.
+BASELINE_ROWS = {"ablation": "abs", "length": "abs", "k_sweep": "k=16"}
+
 # Task name -> its base config (model size, data, training budget): a file of configs/.
 TASK_CONFIGS = {
     "synthetic": "default.py",
