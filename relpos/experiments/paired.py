@@ -13,11 +13,11 @@ written back there for a run restored from a published table). `annotate` adds t
                                "p_value", "signature"}}
 """
 
-from absl import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from absl import logging
 from sacrebleu import significance
 from sacrebleu.metrics import BLEU
 
