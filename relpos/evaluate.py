@@ -6,9 +6,10 @@ does `evaluate_checkpoint` (eval.py), which therefore reproduces the in-training
 Every sentence is translated: sources are batched by length and padded to a length bucket,
 never filtered or truncated (sources longer than training's are translated too), and each
 batch may decode up to 2 * (its padded source length) + 10 tokens (capped at `model.max_len`;
-or `decode.max_decode_len` when set). Scores are sacreBLEU (cased, 13a tokenization; and
-lower-cased) and chrF on detokenized output (`Tokenizer.decode`) against the raw reference
-text, with their signatures. An input file whose line has more than MAX_SOURCE_TOKENS tokens
+or `decode.max_decode_len` when set). Scores (`relpos.scoring`) are sacreBLEU (cased, 13a
+tokenization; and lower-cased) and chrF on detokenized output (`Tokenizer.decode`) against the
+raw reference text, with their signatures, and BLEU of lower-cased Moses-tokenized text as much
+of the literature reports it. An input file whose line has more than MAX_SOURCE_TOKENS tokens
 is refused before any work, naming the line: its batch's encoder attention grows with the
 square of its length (a 5,000-word line asked for 123 GB), and a sentence-level model cannot
 translate a document in one piece anyway.
@@ -30,12 +31,12 @@ from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from sacrebleu import metrics as sacrebleu_metrics
 
 from relpos import checkpoints
 from relpos import decode
 from relpos import device_mesh
 from relpos import run_config
+from relpos import scoring
 from relpos import json_files
 from relpos import workdir_files
 from relpos.data import pipeline
@@ -134,35 +135,16 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   return translations
 
 
-def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, Any]:
-  """Corpus sacreBLEU (cased, 13a; and lower-cased, as much of the literature reports) and chrF.
-
-  Returns:
-    {"bleu", "signature", "bleu_lowercase", "lowercase_signature", "chrf", "chrf_signature",
-    "num_sentences"}.
-  """
-  hypotheses, references = list(hypotheses), [list(references)]
-  bleu, lowercase = sacrebleu_metrics.BLEU(), sacrebleu_metrics.BLEU(lowercase=True)
-  chrf = sacrebleu_metrics.CHRF()
-  return {
-      "bleu": bleu.corpus_score(hypotheses,
-                                references).score, "signature": str(bleu.get_signature()),
-      "bleu_lowercase": lowercase.corpus_score(hypotheses, references).score,
-      "lowercase_signature": str(lowercase.get_signature()),
-      "chrf": chrf.corpus_score(hypotheses, references).score,
-      "chrf_signature": str(chrf.get_signature()), "num_sentences": len(hypotheses)
-  }
-
-
 def score_split(model: nnx.Module, task: pipeline.Task, split: str, config: run_config.RunConfig, *,
                 mesh: Mesh) -> dict[str, Any]:
   """Translates a whole split (decode.* of `config`) and scores it against its references.
 
   Returns:
-    `score`'s dict plus "translations" (list of str, in split order).
+    `scoring.score`'s dict plus "translations" (list of str, in split order).
   """
   translations = translate_texts(model, task.tokenizer, task.source_texts(split), config, mesh=mesh)
-  return {**score(translations, task.target_texts(split)), "translations": translations}
+  scores = scoring.score(translations, task.target_texts(split), language=config.task.target_lang)
+  return {**scores, "translations": translations}
 
 
 def read_sentences(path: str) -> list[str]:
@@ -406,7 +388,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     translations = scores.pop("translations")
   else:
     translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
-    scores = {} if references is None else score(translations, references)
+    scores = ({} if references is None else scoring.score(translations, references,
+                                                          language=config.task.target_lang))
   return write_evaluation(output_dir, workdir, config, checkpoint, step, translations, scores,
                           split=split, input_file=input_file, reference_file=reference_file)
 
@@ -426,7 +409,7 @@ def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig
     workdir, config: the run evaluated, with the decoding used.
     checkpoint, step: the checkpoint asked for and the step it restored.
     translations: the outputs, in input order.
-    scores: `score`'s dict ({} without references).
+    scores: `scoring.score`'s dict ({} without references).
     split / input_file, reference_file: what was translated (one of split and input_file).
 
   Returns:

@@ -148,3 +148,30 @@ def test_each_run_and_its_validation_curve(tmp_path):
   bare = report.render_table(fake_results.few_seeds())
   assert "## ablation: each run" in bare and "validation BLEU by step" not in bare
   assert "chrF" not in bare and "finished (UTC)" in bare
+
+
+def test_each_run_gives_the_literatures_tokenized_bleu_where_a_run_has_it(tmp_path):
+  """Lower-cased Moses-tokenized BLEU (`relpos.scoring`), of the scored checkpoint and of each
+  other choice, for the runs scored since it was measured; "–" for older ones; its signature
+  once under the title. The mean table leaves it out."""
+  signature = "pre:moses-lc-norm-tok:de|sacremoses:0.2.0|nrefs:1|tok:none"
+  runs = []
+  for row, bleu, tokenized in (("abs", 39.0, None), ("rel_kv", 40.0, 41.5)):
+    run = fake_results.run_record("ablation", row, 0, bleu, 10.0)
+    run["scores"]["test"].update(bleu_lowercase=bleu + 0.4)
+    run["other_checkpoints"] = {"average:10": {"test": {"bleu": bleu + 1}}}
+    if tokenized is not None:
+      run["scores"]["test"].update(bleu_tokenized_lowercase=tokenized,
+                                   tokenized_lowercase_signature=signature)
+      run["other_checkpoints"]["average:10"]["test"]["bleu_tokenized_lowercase"] = tokenized + 1
+    runs.append(run)
+  text = report.render_table(runs)
+  each_run = text[text.index("## ablation: each run"):]
+  assert ("| test BLEU (lower-cased) | test BLEU (lower-cased, tokenized) | test BLEU (average:10) "
+          "| test BLEU (average:10, lower-cased, tokenized) |") in each_run
+  assert "| abs | 0 | 40.0 | 39.0 | 10.0 | 39.4 | – | 40.0 | – |" in each_run
+  assert "| rel_kv | 0 | 41.0 | 40.0 | 10.0 | 40.4 | 41.5 | 41.0 | 42.5 |" in each_run
+  assert f"(`relpos.scoring`; `{signature}`)" in text[:text.index("## ablation")]
+  mean_table = text[text.index("## ablation\n"):text.index("BLEU by source length")]
+  assert "| test BLEU (lower-cased) | test BLEU (average:10) |" in mean_table
+  assert "tokenized" not in mean_table

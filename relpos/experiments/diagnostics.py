@@ -28,6 +28,7 @@ from flax import nnx
 
 from relpos import evaluate
 from relpos import run_config
+from relpos import scoring
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
 
@@ -111,7 +112,7 @@ def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
   most model.max_len): beam search forbids eos before that length and forces it there.
 
   Returns:
-    `evaluate.score`'s dict plus "bleu_by_source_length" (bucket -> BLEU) and "length_ratio"
+    `scoring.score`'s dict plus "bleu_by_source_length" (bucket -> BLEU) and "length_ratio"
     (of the outputs re-encoded from their text: about 1, a check of the constraint).
   """
   sources, references = task.source_texts(split), task.target_texts(split)
@@ -120,9 +121,10 @@ def oracle_length_scores(model: nnx.Module, task: pipeline.Task, split: str,
                                           lengths=lengths)
   ratio = (token_lengths(task.tokenizer, translations).sum() /
            max(token_lengths(task.tokenizer, references).sum(), 1))
+  scores = scoring.score(translations, references, language=config.task.target_lang)
   return {
-      **evaluate.score(translations, references), "bleu_by_source_length": bleu_by_source_length(
-          sources, translations, references), "length_ratio": float(ratio)
+      **scores, "bleu_by_source_length": bleu_by_source_length(sources, translations, references),
+      "length_ratio": float(ratio)
   }
 
 

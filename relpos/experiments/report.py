@@ -424,13 +424,16 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
               for split in splits]
   columns += [(f"{test_split} {label}",
                lambda r, name=name: r["scores"].get(test_split, {}).get(name))
-              for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"))]
+              for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"),
+                                  ("bleu_tokenized_lowercase", "BLEU (lower-cased, tokenized)"))]
   for choice in other_checkpoints(table_runs):
     score = lambda r, choice=choice, name="bleu": (r.get("other_checkpoints", {}).get(choice, {}).
                                                    get(test_split, {}).get(name))
-    columns += [(f"{test_split} BLEU ({choice})", score),
-                (f"{test_split} BLEU ({choice}, lower-cased)",
-                 lambda r, score=score: score(r, name="bleu_lowercase"))]
+    columns += [(f"{test_split} BLEU ({choice})", score)]
+    columns += [(f"{test_split} BLEU ({choice}, {label})",
+                 lambda r, score=score, name=name: score(r, name=name))
+                for name, label in (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowercase",
+                                                                        "lower-cased, tokenized"))]
   # A column only where some run has it (older runs lack lower-cased BLEU, chrF, steps).
   columns = [(name, cell) for name, cell in columns if any(cell(r) is not None for r in table_runs)]
 
@@ -544,6 +547,18 @@ def render_table(runs: list[dict]) -> str:
   })
   if signatures:
     lines += [f"sacreBLEU signature: `{', '.join(signatures)}`.", ""]
+  tokenized = sorted({
+      scores["tokenized_lowercase_signature"]
+      for r in runs
+      for scores in r["scores"].values()
+      if "tokenized_lowercase_signature" in scores
+  })
+  if tokenized:
+    lines += [
+        "\"Lower-cased, tokenized\": BLEU of text lower-cased, punctuation-normalized and "
+        "tokenized by Moses's rules, as multi-bleu.perl and fairseq score it in much of the "
+        f"literature (`relpos.scoring`; `{', '.join(tokenized)}`).", ""
+    ]
   scored = sorted({r["config"].get("decode", {}).get("checkpoint", "best") for r in runs})
   others = other_checkpoints(runs)
   lines += [
