@@ -62,7 +62,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, language: str
   """
   hypotheses, references = list(hypotheses), [list(references)]
   bleu, lowercase = sacrebleu_metrics.BLEU(), sacrebleu_metrics.BLEU(lowercase=True)
-  chrf, tokenized = sacrebleu_metrics.CHRF(), sacrebleu_metrics.BLEU(tokenize="none")
+  chrf, tokenized = sacrebleu_metrics.CHRF(), sacrebleu_metrics.BLEU(tokenize="none", force=True)
   tokenized_hypotheses = moses_lowercase_tokenized(hypotheses, language)
   tokenized_references = [moses_lowercase_tokenized(references[0], language)]
   return {
