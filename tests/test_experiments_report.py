@@ -175,3 +175,16 @@ def test_each_run_gives_the_literatures_tokenized_bleu_where_a_run_has_it(tmp_pa
   mean_table = text[text.index("## ablation\n"):text.index("BLEU by source length")]
   assert "| test BLEU (lower-cased) | test BLEU (average:10) |" in mean_table
   assert "tokenized" not in mean_table
+
+
+def test_a_run_restored_twice_names_both_losses():
+  runs = [fake_results.run_record("ablation", row, 0, 40.0, 10.0) for row in ("abs", "rel_kv")]
+  runs[0]["restored"] = {
+      "from": "docs/results/t/results.json", "at": "2026-11-26T08:37:46+00:00",
+      "earlier": [{"from": "docs/results/t/results.json", "at": "2026-11-25T00:36:05+00:00"}]
+  }
+  runs[1]["restored"] = {"from": "docs/results/t/results.json", "at": "2026-11-26T08:37:46+00:00"}
+  text = report.render_table(runs)
+  assert ("Restored from `docs/results/t/results.json` on 2026-11-25 and 2026-11-26 "
+          "(`--restore_from`") in text
+  assert text.count("Restored from") == 2 and "on 2026-11-26 (`--restore_from`" in text

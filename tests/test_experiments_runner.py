@@ -513,8 +513,9 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
                               publish_to=str(tmp_path / "again"))
   with open(restored["results"], encoding="utf-8") as f:
     runs_after = {r["row"]: r for r in json.load(f)["runs"]}
+  first_restore = {row: run.pop("restored") for row, run in runs_after.items()}
   for row, run in runs_after.items():
-    assert run.pop("restored")["from"] == published
+    assert first_restore[row]["from"] == published and "earlier" not in first_restore[row]
     assert run == published_runs[row]  # the published result, whole
   for run in runs:
     eval_dir = os.path.join(run.workdir, "eval")
@@ -530,3 +531,13 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
                                    "") == report.render_table(list(published_runs.values()))
   row = status.report("ablation", "synthetic", runs, lost).splitlines()[4]
   assert row.startswith("synthetic-ablation-abs-seed0     finished (restored)  -")
+
+  # Lost a second time: restored from the copy published after the first loss, with the first
+  # restore kept on record.
+  republished, lost_again = str(tmp_path / "again" / "results.json"), str(tmp_path / "lost2")
+  runs = runner.table_runs("ablation", "synthetic", ["abs"], [0], lost_again)
+  assert runner.results.restore_published(republished, runs, lost_again) == [runs[0].workdir]
+  with open(os.path.join(runs[0].workdir, "result.json"), encoding="utf-8") as f:
+    second_restore = json.load(f)["restored"]
+  assert second_restore["from"] == republished
+  assert second_restore["earlier"] == [first_restore["abs"]]

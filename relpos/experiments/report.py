@@ -486,16 +486,17 @@ def _paired_lines(table_runs: list[dict], table: str) -> list[str]:
 
 def _restored_lines(table_runs: list[dict]) -> list[str]:
   """A sentence naming the runs whose results were written back from a published results.json
-  (`--restore_from`) after their folders were lost, if any."""
+  (`--restore_from`) after their folders were lost, if any, with the day of each loss."""
   by_source = {}
   for run in (r for r in table_runs if "restored" in r):
     restored = run["restored"]
-    key = (restored["from"], restored["at"][:10])
+    days = [r["at"][:10] for r in restored.get("earlier", [])] + [restored["at"][:10]]
+    key = (restored["from"], " and ".join(dict.fromkeys(days)))
     by_source.setdefault(key, []).append(f"{run['row']} seed {run['seed']}")
   return [
-      f"Restored from `{source}` on {day} (`--restore_from`: their output folder was lost "
+      f"Restored from `{source}` on {days} (`--restore_from`: their output folder was lost "
       f"with their checkpoints; these are the results published before): "
-      f"{', '.join(names)}.\n" for (source, day), names in by_source.items()
+      f"{', '.join(names)}.\n" for (source, days), names in by_source.items()
   ]
 
 

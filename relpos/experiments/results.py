@@ -190,7 +190,8 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
   e.g. the copy under docs/results/) holds finished and whose folder `output_dir` lacks, so a
   table whose output folder was lost goes on from its published runs instead of training them
   again. A restored result is the published one plus "restored": {"from": `published`, "at":
-  UTC time}, with the test translations `publish` kept beside `published` back in its eval/
+  UTC time, and for a run restored before, "earlier": [its earlier {"from", "at"}, oldest
+  first]}, with the test translations `publish` kept beside `published` back in its eval/
   folder; its checkpoints and metrics were never published, so it cannot be evaluated again or
   resumed. A run whose folder exists is left as it is (it resumes, or is finished, from its own
   files).
@@ -229,6 +230,9 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
       continue
     result = {**by_name[run.name], "workdir": relative_workdir(run.workdir)}
     result["restored"] = {"from": published, "at": now()}
+    if earlier := by_name[run.name].get("restored"):  # lost before: each loss stays on record
+      result["restored"]["earlier"] = earlier.get(
+          "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]
     translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, run.name)
     eval_dir = os.path.join(run.workdir, workdir_files.EVAL_DIR)
     os.makedirs(eval_dir)
