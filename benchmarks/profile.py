@@ -10,6 +10,9 @@ call) are left out so nothing is counted twice. "dropout RNG" is every instructi
 the Threefry hash, with the masking (and on CPU the embedding lookup) fused into it. Times
 under the profiler run slower than unprofiled ones; the differences between kinds are what
 this is for.
+
+`run` profiles the synthetic model; `run_recipe` the Multi30K recipe (`configs/multi30k_gpu.py`)
+at its own batch, in float32 on a CPU: the step of the CPU Multi30K table.
 """
 import collections
 import glob
@@ -132,7 +135,7 @@ def run(*, quick: bool = False, task: str | None = None) -> dict[str, Any]:
 
   Returns:
     {'task', 'steps', 'rounds', 'records': [{variant, seconds_per_kind: {kind: s}, total,
-    flops}]}.
+    flops}], 'batch_size', 'length', 'dtype'}.
   """
   task = task or ("synthetic" if jax.default_backend() == "cpu" else "multi30k_gpu")
   steps, rounds = (2, 2) if quick else (4, 5)
@@ -144,6 +147,7 @@ def run(*, quick: bool = False, task: str | None = None) -> dict[str, Any]:
       common.block(calls[variant]())
     kinds[variant] = instruction_kinds(step.compiled.as_text())
     flops[variant] = common.compiled_stats(step.compiled)["flops"]
+    config = step.config  # the same model size, batch and dtype for every variant
   profiles = {variant: [] for variant in VARIANTS}
   for turn in range(rounds):
     common.progress(f"profile {task}: round {turn + 1} of {rounds}")
@@ -156,4 +160,13 @@ def run(*, quick: bool = False, task: str | None = None) -> dict[str, Any]:
         "variant": variant, "seconds_per_kind": per_kind, "total": sum(per_kind.values()),
         "flops": flops[variant]
     })
-  return {"task": task, "steps": steps * rounds, "rounds": rounds, "records": records}
+  return {
+      "task": task, "steps": steps * rounds, "rounds": rounds, "records": records,
+      "batch_size": config.train.batch_size, "length": config.task.max_length,
+      "dtype": config.model.dtype
+  }
+
+
+def run_recipe(*, quick: bool = False) -> dict[str, Any]:
+  """`run` on the Multi30K recipe (`configs/multi30k_gpu.py`, its batch; float32 on a CPU)."""
+  return run(quick=quick, task="multi30k_gpu")

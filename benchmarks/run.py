@@ -27,7 +27,7 @@ from relpos import prng
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
-    "decode": decode.run, "seed_stack": seed_stack.run
+    "profile_recipe": profile.run_recipe, "decode": decode.run, "seed_stack": seed_stack.run
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # rel_kv train step time / abs, per backend (on a GPU: the Multi30K recipe in bfloat16).
 TRAIN_STEP_TARGETS = {"cpu": 1.05, "gpu": 1.10}
 # Sections that run on a CPU backend alone (on an H200 the profile attributed no time).
-CPU_ONLY = ("profile",)
+CPU_ONLY = ("profile", "profile_recipe")
 MEMORY_TARGET = 1.25  # rel_kv attention temporary memory / plain, at n = MEMORY_TARGET_LENGTH
 MEMORY_TARGET_LENGTH = 1024
 CACHE_TARGET = 5.0  # uncached / cached beam search time at the benchmark's output length
@@ -99,12 +99,19 @@ def train_step_markdown(section: dict[str, Any]) -> list[str]:
   return lines
 
 
+def _batch_text(section: dict[str, Any]) -> str:
+  """", batch 64 x 64 tokens, float32" where the section records them (older ones do not)."""
+  if "batch_size" not in section:
+    return ""
+  return f", batch {section['batch_size']} x {section['length']} tokens, {section['dtype']}"
+
+
 def profile_markdown(section: dict[str, Any]) -> list[str]:
   base, other = section["records"][0], section["records"][1]
   lines = [
-      f"Train step of the {section['task']} model under `jax.profiler` (slower than "
-      f"unprofiled), XLA instruction time per kind of work in ms per step: medians of "
-      f"{section['rounds']} rounds, the variants profiled in turns.", "",
+      f"Train step of the {section['task']} model{_batch_text(section)} under "
+      f"`jax.profiler` (slower than unprofiled), XLA instruction time per kind of work in ms "
+      f"per step: medians of {section['rounds']} rounds, the variants profiled in turns.", "",
       f"| kind | {base['variant']} | {other['variant']} | extra | extra / "
       f"{base['variant']} step |", "| --- | --- | --- | --- | --- |"
   ]
@@ -187,7 +194,8 @@ def render(all_results: dict[str, Any]) -> str:
   ]
   renderers = {
       "attention": attention_markdown, "train_step": train_step_markdown,
-      "profile": profile_markdown, "decode": decode_markdown, "seed_stack": seed_stack_markdown
+      "profile": profile_markdown, "profile_recipe": profile_markdown, "decode": decode_markdown,
+      "seed_stack": seed_stack_markdown
   }
   for backend, results in sorted(all_results.items()):
     machine = results["machine"]

@@ -61,9 +61,13 @@ def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict
 
 
 def _config(row: str, task: str) -> ml_collections.ConfigDict:
+  """Row `row` of `task` at the batch `batch_sizes` gives it; on a CPU in float32, as the CPU
+  tables run it (XLA:CPU emulates bfloat16 matmuls)."""
   config = ablation.get_config(f"{row},{task}")
   if batch_sizes().get(task) is not None:
     config.train.batch_size = batch_sizes()[task]
+  if jax.default_backend() == "cpu":
+    config.model.dtype = "float32"
   return config
 
 

@@ -99,14 +99,15 @@ def _results():
                       "total": 0.0077, "flops": 108.0
                   }]
   }
+  recipe = dict(profiled, task="multi30k_gpu", batch_size=64, length=64, dtype="float32")
   machine = {"platform": "Linux", "cpu_count": 2, "jax": "0", "date": "today", "devices": ["cpu"]}
   return {
       "cpu": {
           "machine": machine, "load": [1.0, 1.0, 1.0], "attention": {
               "records": [plain, attention_record], "check": {}, "notes": [], "dtype": "float32",
               "heads": 8, "depth": 64
-          }, "train_step": {"tasks": [step], "notes": []}, "profile": profiled, "decode": decoding,
-          "seed_stack": {
+          }, "train_step": {"tasks": [step], "notes": []}, "profile": profiled,
+          "profile_recipe": recipe, "decode": decoding, "seed_stack": {
               "records": [{
                   "task": "synthetic", "seeds": 3, "batch_size": 32, "length": 48, "devices": 1,
                   "one_seed_seconds": 0.1, "stacked_seconds": 0.25, "gain": 1.2
@@ -126,16 +127,19 @@ def test_targets_are_judged_from_the_ratios():
 
 
 def test_profile_runs_on_cpu_only():
-  sections = ["train_step", "profile", "decode"]
+  sections = ["train_step", "profile", "profile_recipe", "decode"]
   assert [s for s in sections if run.runs_on(s, "cpu")] == sections
   assert [s for s in sections if run.runs_on(s, "gpu")] == ["train_step", "decode"]
 
 
 def test_markdown_has_every_section():
   text = run.render(_results())
-  for heading in ("## cpu: cpu", "### attention", "### train_step", "### profile", "### decode",
-                  "### seed_stack"):
+  for heading in ("## cpu: cpu", "### attention", "### train_step", "### profile",
+                  "### profile_recipe", "### decode", "### seed_stack"):
     assert heading in text
+  assert "Train step of the synthetic model under `jax.profiler`" in text  # recorded before
+  assert ("Train step of the multi30k_gpu model, batch 64 x 64 tokens, float32 under "
+          "`jax.profiler`") in text
   assert "| synthetic | 32 x 48 | 3 | 100.0 | 250.0 | 1.20x |" in text
   assert "| gather | 1.00 | 1.70 | +0.70 | +10.0% |" in text
   assert "| total | 7.00 | 7.70 | +0.70 | +10.0% |" in text
