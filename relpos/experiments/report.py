@@ -1,6 +1,7 @@
 """`table.md` from `results.json` alone: mean ± std over seeds, the paper beside it, and the
-findings judged by `relpos.experiments.verdicts`, laid out as markdown; at its end each run on
-its own line (scores, finish, commits), where its time went, and its validation curve.
+findings judged by `relpos.experiments.verdicts`, laid out as markdown; at its end the sections
+run by run of `relpos.experiments.report_runs` (scores, finish, commits, paired bootstrap, where
+its time went, its validation curve).
 
 `results.json` (schema version RESULTS_SCHEMA_VERSION, written by `relpos.experiments.runner`)
 holds
@@ -44,7 +45,9 @@ references' lengths (oracle length) and the test_long length ratio, with its own
 import json
 
 from relpos import json_files
+from relpos.experiments import markdown
 from relpos.experiments import paper
+from relpos.experiments import report_runs
 from relpos.experiments import verdicts
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
@@ -55,7 +58,6 @@ from relpos.experiments import verdicts
 RESULTS_SCHEMA_VERSION = 5
 
 TABLES = ("ablation", "k_sweep", "length")  # the order of their sections in table.md
-TIME_PARTS = ("training", "validation", "evaluation")  # the parts of a run's time_s (schema 3)
 
 
 def load_runs(results_path: str) -> list[dict]:
@@ -88,11 +90,6 @@ def length_buckets(runs: list[dict], split: str) -> list[str]:
   return sorted(buckets, key=lambda b: int(b.split("-")[0]))
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-  """A markdown table's lines: `header`, its separator, then one line per row of cells."""
-  return ["| " + " | ".join(cells) + " |" for cells in [header, ["---"] * len(header), *rows]]
-
-
 def _table_section(runs: list[dict], table: str) -> list[str]:
   rows = verdicts.rows_in_order(runs, table)
   if not rows:
@@ -109,7 +106,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   beside = [(name, label)
             for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"))
             if all(name in r["scores"].get(test_split, {}) for r in table_runs)]
-  others = other_checkpoints(table_runs)
+  others = report_runs.other_checkpoints(table_runs)
   header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] +
             [f"{test_split} {label}" for _, label in beside] +
             [f"{test_split} BLEU ({choice})" for choice in others] + ["paper", "params", "steps/s"])
@@ -147,7 +144,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
         f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"
     ]
     cell_rows.append(cells)
-  lines = [f"## {table}", "", *markdown_table(header, cell_rows), "", *_time_lines(table_runs)]
+  lines = [f"## {table}", "", *markdown.table(header, cell_rows), "", *_time_lines(table_runs)]
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
   for split in [s for s in splits if s != "validation"]:
     buckets = length_buckets(table_runs, split)
@@ -165,27 +162,9 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
       cell_rows.append(cells)
     lines += [
         f"BLEU by source length (words), {split}:", "",
-        *markdown_table(["row", *map(bucket_label, buckets)], cell_rows), ""
+        *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""
     ]
   return lines + _diagnostics_lines(runs, table, rows)
-
-
-def other_checkpoints(runs: list[dict]) -> list[str]:
-  """The checkpoint choices scored beside the main one (`decode.other_checkpoints`) in any of
-  `runs`, in order of first appearance."""
-  choices = []
-  for run in runs:
-    for choice in run.get("other_checkpoints", {}):
-      if choice not in choices:
-        choices.append(choice)
-  return choices
-
-
-def duration(seconds: float) -> str:
-  """"1 h 02 min", "12 min", "40 s"."""
-  if seconds >= 3600:
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
-  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _time_lines(runs: list[dict]) -> list[str]:
@@ -195,9 +174,9 @@ def _time_lines(runs: list[dict]) -> list[str]:
   if not timed:
     return []
   mean = lambda values: sum(values) / len(timed)
-  parts = {part: mean([r["time_s"][part] for r in timed]) for part in TIME_PARTS}
+  parts = {part: mean([r["time_s"][part] for r in timed]) for part in report_runs.TIME_PARTS}
   total = mean([r["wall_time_s"] for r in timed])
-  hours = f" ({duration(total)})" if total >= 3600 else ""
+  hours = f" ({markdown.duration(total)})" if total >= 3600 else ""
   return [
       f"Time per run (mean of {len(timed)}): {total:,.0f} s{hours} = training "
       f"{parts['training']:,.0f} s (steps, compilation, checkpoints) + validation during "
@@ -230,7 +209,7 @@ def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
         verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
     ]
     cell_rows.append(cells)
-  return markdown_table(header, cell_rows) + [
+  return markdown.table(header, cell_rows) + [
       "", f"Length ratio: hypothesis over reference length, summed over the split, "
       f"in target tokens (the task's SentencePiece pieces, eos excluded); "
       f"shorter / longer: the share of hypotheses that stop before / run past "
@@ -250,7 +229,7 @@ def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, tit
   cell_rows = [
       [row] + [cell(verdicts.runs_of_row(runs, table, row), b) for b in buckets] for row in rows
   ]
-  return [title, "", *markdown_table(["row", *map(bucket_label, buckets)], cell_rows), ""]
+  return [title, "", *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""]
 
 
 def _diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
@@ -332,7 +311,7 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
       cell_rows.append(cells + [verdicts.format_mean_std(eos)])
     lines += [
         f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
-        f"eos, {split}:", "", *markdown_table(header, cell_rows), ""
+        f"eos, {split}:", "", *markdown.table(header, cell_rows), ""
     ]
   return lines
 
@@ -368,7 +347,7 @@ def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]
     cell_rows.append(cells)
   return [
       f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
-      f"key), {' / '.join(splits)} sources:", "", *markdown_table(header, cell_rows), ""
+      f"key), {' / '.join(splits)} sources:", "", *markdown.table(header, cell_rows), ""
   ]
 
 
@@ -383,154 +362,9 @@ def _length_findings_lines(runs: list[dict]) -> list[str]:
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
       f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
-      *markdown_table(["finding", "holds", "evidence"],
+      *markdown.table(["finding", "holds", "evidence"],
                       [list(finding) for finding in verdicts.length_findings(runs)]), ""
   ]
-
-
-def _finished_at(run: dict) -> str:
-  """"2026-11-24 08:23" (UTC) from the run's environment, "–" for runs that predate it."""
-  stamp = run.get("environment", {}).get("finished_at")
-  return stamp[:16].replace("T", " ") if stamp else "–"
-
-
-def _commits_from_step(run: dict) -> str:
-  """"2a134ca (0) d911f97 (800)": each commit the run ran under and the step it first started
-  at (schema 4); the run's one commit for runs that predate it. A first step above 0 means the
-  run's earlier starts were not recorded."""
-  first_step = {}
-  for start in run.get("starts", []):
-    first_step.setdefault(start["commit"], start["step"])
-  if not first_step:
-    return run["commit"]
-  return " ".join(f"{commit} ({step:,})" for commit, step in first_step.items())
-
-
-def _runs_in_order(runs: list[dict], table: str) -> list[dict]:
-  """The runs of `table`, rows in the table's order, then seeds."""
-  order = {row: i for i, row in enumerate(verdicts.rows_in_order(runs, table))}
-  return sorted((r for r in runs if r["table"] == table), key=lambda r:
-                (order[r["row"]], r["seed"]))
-
-
-def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
-  """One line per run of `table` (`_runs_in_order`): the checkpoint step scored, its BLEU on
-  every split, the test split's other scores and checkpoint choices, when it finished and the
-  commits it ran under."""
-  splits = verdicts.splits_in_order(table_runs)
-  test_split = verdicts.main_test_split(table_runs)
-  columns = [("step scored", lambda r: r["scores"].get(test_split, {}).get("step"))]
-  columns += [(f"{split} BLEU", lambda r, split=split: r["scores"].get(split, {}).get("bleu"))
-              for split in splits]
-  columns += [(f"{test_split} {label}",
-               lambda r, name=name: r["scores"].get(test_split, {}).get(name))
-              for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"),
-                                  ("bleu_tokenized_lowercase", "BLEU (lower-cased, tokenized)"))]
-  for choice in other_checkpoints(table_runs):
-    score = lambda r, choice=choice, name="bleu": (r.get("other_checkpoints", {}).get(choice, {}).
-                                                   get(test_split, {}).get(name))
-    columns += [(f"{test_split} BLEU ({choice})", score)]
-    columns += [(f"{test_split} BLEU ({choice}, {label})",
-                 lambda r, score=score, name=name: score(r, name=name))
-                for name, label in (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowercase",
-                                                                        "lower-cased, tokenized"))]
-  # A column only where some run has it (older runs lack lower-cased BLEU, chrF, steps).
-  columns = [(name, cell) for name, cell in columns if any(cell(r) is not None for r in table_runs)]
-
-  def text(value) -> str:
-    if value is None:
-      return "–"
-    return f"{value:,}" if isinstance(value, int) else f"{value:.1f}"
-
-  header = ["row", "seed"] + [name for name, _ in columns
-                             ] + ["finished (UTC)", "commits (from step)"]
-  cell_rows = [[run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns] +
-               [_finished_at(run), _commits_from_step(run)] for run in table_runs]
-  return [f"## {table}: each run", "", *markdown_table(header, cell_rows), ""
-         ] + _restored_lines(table_runs)
-
-
-def _paired_lines(table_runs: list[dict], table: str) -> list[str]:
-  """Per test split, each run's BLEU difference from its seed's baseline run and the p of the
-  paired bootstrap (`relpos.experiments.paired`), rows by seeds; none where no run has one."""
-  compared = [r for r in table_runs if r.get("paired_bootstrap")]
-  if not compared:
-    return []
-  splits = list(dict.fromkeys(s for r in compared for s in r["paired_bootstrap"]))
-  first = compared[0]["paired_bootstrap"][splits[0]]
-  baseline, signature = first["against_row"], first["signature"]
-  seeds = sorted({r["seed"] for r in table_runs})
-  rows = [row for row in verdicts.rows_in_order(table_runs, table) if row != baseline]
-  lines = [
-      f"## {table}: paired bootstrap against {baseline}, seed by seed", "",
-      f"BLEU of each run minus that of the `{baseline}` run of its seed, and the two-sided p of "
-      f"sacreBLEU's paired bootstrap over the test sentences (`{signature}`): how often the "
-      "choice of test sentences alone moves two equally good systems this far apart. – where "
-      "a run of the pair has no translations (restored without them) or has not finished.", ""
-  ]
-  for split in splits:
-    cells = []
-    for row in rows:
-      by_seed = {
-          r["seed"]: r["paired_bootstrap"][split]
-          for r in table_runs
-          if r["row"] == row and split in r.get("paired_bootstrap", {})
-      }
-      cells.append([row] + [
-          f"{by_seed[seed]['difference']:+.1f} (p = {by_seed[seed]['p_value']:.2g})" if seed in
-          by_seed else "–" for seed in seeds
-      ])
-    lines += [f"{split}:", "", *markdown_table(["row"] + [f"seed {s}" for s in seeds], cells), ""]
-  return lines
-
-
-def _restored_lines(table_runs: list[dict]) -> list[str]:
-  """A sentence naming the runs whose results were written back from a published results.json
-  (`--restore_from`) after their folders were lost, if any, with the day of each loss."""
-  by_source = {}
-  for run in (r for r in table_runs if "restored" in r):
-    restored = run["restored"]
-    days = [r["at"][:10] for r in restored.get("earlier", [])] + [restored["at"][:10]]
-    key = (restored["from"], " and ".join(dict.fromkeys(days)))
-    by_source.setdefault(key, []).append(f"{run['row']} seed {run['seed']}")
-  return [
-      f"Restored from `{source}` on {days} (`--restore_from`: their output folder was lost "
-      f"with their checkpoints; these are the results published before): "
-      f"{', '.join(names)}.\n" for (source, days), names in by_source.items()
-  ]
-
-
-def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
-  """Each run's wall time and where it went (schema 3, summed over its starts; "–" for runs
-  that predate it), with each part's share, and its steps per second."""
-  cell_rows = []
-  for run in table_runs:
-    total, time_s = run["wall_time_s"], run.get("time_s", {})
-    parts = [
-        f"{time_s[part]:,.0f} s ({time_s[part] / total:.1%})" if part in time_s else "–"
-        for part in TIME_PARTS
-    ]
-    speed = run.get("steps_per_second")
-    parts.append(f"{speed:.2f}" if speed else "–")
-    cell_rows.append([run["row"], str(run["seed"]), f"{total:,.0f} s ({duration(total)})", *parts])
-  header = ["row", "seed", "wall time", "training", "validation", "final evaluation", "steps/s"]
-  return [f"## {table}: where each run's time went", "", *markdown_table(header, cell_rows), ""]
-
-
-def _curve_lines(table_runs: list[dict], table: str) -> list[str]:
-  """Validation BLEU at every validated step, one line per run (schema 2); none without
-  curves."""
-  curved = [r for r in table_runs if r.get("validation_curve")]
-  if not curved:
-    return []
-  steps = sorted({step for r in curved for step, _ in r["validation_curve"]})
-  cell_rows = []
-  for run in curved:
-    bleu = dict(run["validation_curve"])
-    cell_rows.append([run["row"], str(run["seed"])] +
-                     [f"{bleu[step]:.1f}" if step in bleu else "–" for step in steps])
-  header = ["row", "seed"] + [f"{step:,}" for step in steps]
-  return [f"## {table}: validation BLEU by step", "", *markdown_table(header, cell_rows), ""]
 
 
 def render_table(runs: list[dict]) -> str:
@@ -561,7 +395,7 @@ def render_table(runs: list[dict]) -> str:
         f"literature (`relpos.scoring`; `{', '.join(tokenized)}`).", ""
     ]
   scored = sorted({r["config"].get("decode", {}).get("checkpoint", "best") for r in runs})
-  others = other_checkpoints(runs)
+  others = report_runs.other_checkpoints(runs)
   lines += [
       f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)" +
       (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
@@ -571,11 +405,7 @@ def render_table(runs: list[dict]) -> str:
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):
     lines += _length_findings_lines(runs)
-  each_run = []  # per run: its scores, where its time went, its validation curve
-  for table in TABLES:
-    if table_runs := _runs_in_order(runs, table):
-      each_run += (_each_run_lines(table_runs, table) + _paired_lines(table_runs, table) +
-                   _time_by_run_lines(table_runs, table) + _curve_lines(table_runs, table))
+  each_run = report_runs.sections(runs, TABLES)
   if all(r["table"] == "length" for r in runs):
     return "\n".join(lines + each_run) + "\n"
   margin = verdicts.MARGIN_BLEU
@@ -587,7 +417,7 @@ def render_table(runs: list[dict]) -> str:
       f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
       f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
       f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
-      *markdown_table(["finding", "reproduced", "evidence"],
+      *markdown.table(["finding", "reproduced", "evidence"],
                       [list(finding) for finding in verdicts.findings(runs)])
   ]
   return "\n".join(lines + [""] + each_run) + "\n"

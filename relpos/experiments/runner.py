@@ -41,7 +41,7 @@ from relpos import source_tree
 from relpos import user_modules
 from relpos.data import pipeline
 from relpos.experiments import children
-from relpos.experiments import report
+from relpos.experiments import markdown
 from relpos.experiments import results
 from relpos.experiments import single_run
 from relpos.experiments import tables
@@ -124,7 +124,7 @@ def _print_finished(result: dict[str, Any], done: int, total: int, started: floa
   table's remaining runs will take at the pace since `started` (time.monotonic)."""
   split = single_run.EVAL_SPLITS[result["config"]["task"]["name"]][0]
   left = (time.monotonic() - started) / done * (total - done)
-  eta = f"; ETA {report.duration(left)} for the {total - done} left" if done < total else ""
+  eta = f"; ETA {markdown.duration(left)} for the {total - done} left" if done < total else ""
   print(
       f"relpos: run {done} of {total} finished: {os.path.basename(result['workdir'])} "
       f"({split} BLEU {result['scores'][split]['bleu']:.1f}, {result['wall_time_s']:.0f} s"

@@ -27,7 +27,7 @@ from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
-from relpos.experiments.report import duration
+from relpos.experiments.markdown import duration
 from relpos.experiments import results
 from relpos.experiments import runner
 from relpos.experiments import single_run
