@@ -29,6 +29,8 @@ def test_score_reports_cased_and_lowercased_bleu_with_signatures():
         ("Ein Mann – mit „Hut“.", "de", "ein mann - mit &quot; hut &quot; ."),
         # A hyphenated word stays whole (tokenizer.perl without -a, as Multi30K's script).
         ("Ein saftig-grünes Gras.", "de", "ein saftig-grünes gras ."),
+        # A language Moses has no rules for gets its generic ones, not an error.
+        ("Hello, world!", "xx", "hello , world !"),
     ])
 def test_moses_lowercase_tokenized_follows_multi30k_preprocessing(text, language, tokenized):
   assert scoring.moses_lowercase_tokenized([text], language) == [tokenized]
