@@ -367,6 +367,11 @@ def _length_findings_lines(runs: list[dict]) -> list[str]:
   ]
 
 
+def _signatures(runs: list[dict], key: str) -> list[str]:
+  """The distinct values of `key` (a score's signature) over every split of `runs`, sorted."""
+  return sorted({scores[key] for r in runs for scores in r["scores"].values() if key in scores})
+
+
 def render_table(runs: list[dict]) -> str:
   """The markdown of `table.md` for the given runs."""
   tasks = sorted({r["task"] for r in runs})
@@ -377,18 +382,9 @@ def render_table(runs: list[dict]) -> str:
       "BLEU is cased sacreBLEU (mean ± sample std over seeds); the paper's figures are "
       "WMT14 EN-DE, for the direction of each effect, not its size.", ""
   ]
-  signatures = sorted({
-      scores["signature"] for r in runs for scores in r["scores"].values() if "signature" in scores
-  })
-  if signatures:
+  if signatures := _signatures(runs, "signature"):
     lines += [f"sacreBLEU signature: `{', '.join(signatures)}`.", ""]
-  tokenized = sorted({
-      scores["tokenized_lowercase_signature"]
-      for r in runs
-      for scores in r["scores"].values()
-      if "tokenized_lowercase_signature" in scores
-  })
-  if tokenized:
+  if tokenized := _signatures(runs, "tokenized_lowercase_signature"):
     lines += [
         "\"Lower-cased, tokenized\": BLEU of text lower-cased, punctuation-normalized and "
         "tokenized by Moses's rules, as multi-bleu.perl and fairseq score it in much of the "

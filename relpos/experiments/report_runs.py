@@ -10,6 +10,9 @@ from relpos.experiments import markdown
 from relpos.experiments import verdicts
 
 TIME_PARTS = ("training", "validation", "evaluation")  # the parts of a run's time_s (schema 3)
+# The lower-cased BLEU scores beside each cased one (`relpos.scoring`), and their labels.
+LOWER_CASED_SCORES = (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowercase",
+                                                          "lower-cased, tokenized"))
 
 
 def other_checkpoints(runs: list[dict]) -> list[str]:
@@ -57,18 +60,17 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
   columns = [("step scored", lambda r: r["scores"].get(test_split, {}).get("step"))]
   columns += [(f"{split} BLEU", lambda r, split=split: r["scores"].get(split, {}).get("bleu"))
               for split in splits]
+  beside = [(name, f"BLEU ({label})") for name, label in LOWER_CASED_SCORES] + [("chrf", "chrF")]
   columns += [(f"{test_split} {label}",
                lambda r, name=name: r["scores"].get(test_split, {}).get(name))
-              for name, label in (("bleu_lowercase", "BLEU (lower-cased)"), ("chrf", "chrF"),
-                                  ("bleu_tokenized_lowercase", "BLEU (lower-cased, tokenized)"))]
+              for name, label in beside]
   for choice in other_checkpoints(table_runs):
     score = lambda r, choice=choice, name="bleu": (r.get("other_checkpoints", {}).get(choice, {}).
                                                    get(test_split, {}).get(name))
     columns += [(f"{test_split} BLEU ({choice})", score)]
     columns += [(f"{test_split} BLEU ({choice}, {label})",
                  lambda r, score=score, name=name: score(r, name=name))
-                for name, label in (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowercase",
-                                                                        "lower-cased, tokenized"))]
+                for name, label in LOWER_CASED_SCORES]
   # A column only where some run has it (older runs lack lower-cased BLEU, chrF, steps).
   columns = [(name, cell) for name, cell in columns if any(cell(r) is not None for r in table_runs)]
 
