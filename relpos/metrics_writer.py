@@ -18,10 +18,13 @@ import tensorboardX
 from relpos import workdir_files
 
 # The fields of a record that are timings (train steps per second, a validation's seconds, the
-# run's seconds so far): every other field is the same in two executions of the same run,
-# resumed or not.
-TIMING_FIELDS = ("steps_per_second", "time_s", "elapsed_s")
+# run's seconds so far) or the machine's load while they were taken: every other field is the
+# same in two executions of the same run, resumed or not.
+TIMING_FIELDS = ("steps_per_second", "time_s", "elapsed_s", "load_average")
 STARTS_FILE = "starts.jsonl"
+# A train record was timed on a loaded machine when the load average (runnable threads over
+# the last minute, the run's own included) stood above its start's CPU count by more than this.
+LOAD_ABOVE_CPUS = 1.0
 
 
 def without_timing(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,14 +81,62 @@ def elapsed_seconds(records: list[dict[str, Any]]) -> float:
   return total
 
 
+def load_average() -> float | None:
+  """The machine's load average over the last minute (runnable threads, this process's
+  included), or None where the platform keeps none."""
+  try:
+    return round(os.getloadavg()[0], 2)
+  except (AttributeError, OSError):
+    return None
+
+
+def usable_cpus() -> int:
+  """The CPU cores this process may run on."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
+def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) -> dict[str, Any]:
+  """How loaded the machine was while the run's training steps were timed: its timed train
+  records' `load_average` against the `cpus` of the start each record belongs to (the last
+  start before the record's step).
+
+  Returns:
+    {"median_load_average": over the timed records that have one (None when none has),
+     "cpus": of the run's last start (None before starts recorded it),
+     "loaded_share": the share of timed records whose load average exceeded their start's CPU
+       count by more than LOAD_ABOVE_CPUS,
+     "unrecorded_share": the share of timed records without a load average or CPU count
+       (written before relpos recorded them)}; the shares are None without timed records.
+  """
+  timed = [r for r in records if r["split"] == "train" and r.get("steps_per_second")]
+  loaded = unrecorded = 0
+  loads = []
+  for record in timed:
+    start = [s for s in starts if s["step"] < record["step"]][-1:]
+    cpus = start[0].get("cpus") if start else None
+    if record.get("load_average") is None or cpus is None:
+      unrecorded += 1
+      continue
+    loads.append(record["load_average"])
+    loaded += record["load_average"] > cpus + LOAD_ABOVE_CPUS
+  share = lambda count: count / len(timed) if timed else None
+  return {
+      "median_load_average": sorted(loads)[len(loads) // 2] if loads else None,
+      "cpus": starts[-1].get("cpus") if starts else None, "loaded_share": share(loaded),
+      "unrecorded_share": share(unrecorded)
+  }
+
+
 def record_start(workdir: str, step: int, commit: str) -> None:
-  """Appends a start of the run (UTC time, the step it starts from, the source commit and the
-  host) to `workdir/starts.jsonl` (process 0)."""
+  """Appends a start of the run (UTC time, the step it starts from, the source commit, the
+  host and its usable CPU cores) to `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
       "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
-      "commit": commit, "host": socket.gethostname()
+      "commit": commit, "host": socket.gethostname(), "cpus": usable_cpus()
   }
   with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n")

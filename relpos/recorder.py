@@ -146,8 +146,9 @@ class Recorder:
     when every step was skipped) of `smoothed_loss` (the label-smoothed training objective per
     target token; validation's `loss` is the plain cross-entropy) and `grad_norm`; training
     steps per second (None when no step was timed); `skipped_updates` so far; the next
-    update's `learning_rate`; and the run's seconds so far, `elapsed_s`
-    (`metrics_writer.elapsed_seconds`)."""
+    update's `learning_rate`; the run's seconds so far, `elapsed_s`
+    (`metrics_writer.elapsed_seconds`); and the machine's `load_average` now
+    (`metrics_writer.load_average`), which says whether the steps were timed alone."""
     self.flush()
     means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
     elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
@@ -155,7 +156,8 @@ class Recorder:
         "smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
         "steps_per_second": self._steps_timed / elapsed if self._steps_timed else None,
         "skipped_updates": num_skipped, "learning_rate": float(self._schedule(step - num_skipped)),
-        "elapsed_s": self._earlier_s + time.perf_counter() - self._started
+        "elapsed_s": self._earlier_s + time.perf_counter() - self._started,
+        "load_average": metrics_writer.load_average()
     }
     self._sums = {k: 0.0 for k in self._sums}
     self._count = 0

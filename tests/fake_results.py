@@ -1,10 +1,12 @@
 """Results records as results.json holds them, made up for the tests of tables, verdicts and
 plots (tests/test_experiments_report.py, _verdicts.py, _plots.py, _analysis.py)."""
 
+TIMED_ALONE = {"median_load_average": 1.5, "cpus": 2, "loaded_share": 0.0, "unrecorded_share": 0.0}
 
-def run_record(table, row, seed, test, long, *, k=None, speed=10.0):
+
+def run_record(table, row, seed, test, long, *, k=None, speed=10.0, load=TIMED_ALONE):
   """One run of `table`: BLEU `test` on test and `long` on test_long, each split in two length
-  buckets (2 above and below)."""
+  buckets (2 above and below), its steps timed at `speed` under the machine load `load`."""
   return {
       "table": table,
       "row": row,
@@ -14,6 +16,7 @@ def run_record(table, row, seed, test, long, *, k=None, speed=10.0):
       "commit": "abc1234",
       "wall_time_s": 60.0,
       "steps_per_second": speed,
+      "machine_load": load,
       "num_params": 1000,
       "config": {},
       "scores": {

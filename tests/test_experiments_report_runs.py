@@ -24,6 +24,10 @@ def test_each_run_and_its_validation_curve(tmp_path):
   runs[0]["validation_curve"].append([1500, 30.0])  # a step only one run validated
   runs[0]["time_s"] = {"training": 8_100.0, "validation": 720.0, "evaluation": 180.0}
   runs[1].pop("starts")  # a run from before starts were recorded: its one commit
+  runs[1].pop("machine_load")  # and before its machine's load was
+  runs[2]["machine_load"] = {
+      "median_load_average": 3.44, "cpus": 2, "loaded_share": 0.31, "unrecorded_share": 0.0
+  }
   path = tmp_path / "results.json"
   path.write_text(json.dumps({"schema_version": 4, "runs": runs}))
   text = report.write_table(str(path), str(tmp_path / "table.md"))
@@ -43,9 +47,11 @@ def test_each_run_and_its_validation_curve(tmp_path):
       f"| abs | 0 | 8,000 | 40.0 | 39.0 | 10.0 | 39.4 | 60.0 | 40.0 | 41.0 | "
       f"2026-11-24 08:23 | {runs[1]['commit']} |",
   ]
-  assert ("| rel_kv | 0 | 9,000 s (2 h 30 min) | – | – | – | 10.00 |\n"
+  assert ("| rel_kv | 0 | 9,000 s (2 h 30 min) | – | – | – | 10.00 | 3.4 / 2 cores, loaded 31% |\n"
           "| rel_kv | 1 | 9,000 s (2 h 30 min) | 8,100 s (90.0%) | 720 s (8.0%) | 180 s (2.0%) | "
-          "10.00 |") in each_run[each_run.index("## ablation: where each run's time went"):]
+          "10.00 | 1.5 / 2 cores |\n"
+          "| abs | 0 | 9,000 s (2 h 30 min) | – | – | – | 10.00 | – |"
+         ) in each_run[each_run.index("## ablation: where each run's time went"):]
   assert "## ablation: validation BLEU by step" in each_run
   assert run_lines[3:] == [
       "| rel_kv | 0 | 7.0 | 20.0 | – |", "| rel_kv | 1 | 7.0 | 20.5 | 30.0 |",

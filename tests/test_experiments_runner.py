@@ -206,8 +206,8 @@ def _results(output_dir: str) -> list[dict]:
   """The runs of results.json without what differs between two executions of the same run."""
   with open(os.path.join(output_dir, "results.json")) as f:
     runs = json.load(f)["runs"]
-  varying = ("wall_time_s", "time_s", "steps_per_second", "commit", "commits", "starts", "workdir",
-             "environment")
+  varying = ("wall_time_s", "time_s", "steps_per_second", "machine_load", "commit", "commits",
+             "starts", "workdir", "environment")
   return [{k: v for k, v in run.items() if k not in varying} for run in runs]
 
 

@@ -81,6 +81,19 @@ def test_findings_verdicts_with_three_seeds():
   assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(single))["3."] == "not run"
 
 
+def test_speed_is_judged_only_on_runs_timed_alone():
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0]) +
+          _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], speeds=[5.0, 5.1, 5.2]))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  assert found["5."][0] == "no"  # a 49% drop, timed alone
+  runs[4]["machine_load"] = {**runs[4]["machine_load"], "loaded_share": 0.4}
+  runs[0]["machine_load"] = None
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  assert found["5."] == ("not judged", "drop 49.0% (5.10 vs 10.00 steps/s), not timed alone: "
+                         "load not recorded (abs seed 0); machine loaded (rel_kv seed 1)")
+  assert found["1."][0] == "yes"  # quality findings do not depend on the load
+
+
 def test_findings_need_three_seeds():
   found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(fake_results.few_seeds())}
   assert found["1."] == ("not enough seeds", "rel_kv 61.0 ± 1.4 vs abs 51.0 ± 1.4")

@@ -42,8 +42,41 @@ def test_starts_are_appended_in_order(tmp_path):
   assert metrics_writer.read_starts(str(tmp_path / "nowhere")) == []
 
 
+def test_starts_record_the_usable_cores_and_train_records_the_load(tmp_path):
+  metrics_writer.record_start(str(tmp_path), 0, "abc1234")
+  assert metrics_writer.read_starts(str(tmp_path))[0]["cpus"] == metrics_writer.usable_cpus() >= 1
+  load = metrics_writer.load_average()
+  assert load is None or load >= 0.0
+
+
+def test_machine_load_counts_records_above_their_starts_cores():
+  starts = [{"step": 0}, {"step": 200, "cpus": 2}, {"step": 400, "cpus": 16}]
+  train = lambda step, load: {
+      "step": step, "split": "train", "steps_per_second": 1.0, "load_average": load
+  }
+  records = [
+      train(100, 1.0),  # its start (step 0) predates "cpus": unrecorded
+      train(200, 1.5),  # still the first start's: a record ends the steps before it
+      train(300, 1.5),
+      train(350, 3.5),  # above 2 cores + 1: loaded
+      {"step": 350, "split": "validation", "bleu": 30.0},
+      train(400, None),  # written before load_average: unrecorded
+      train(500, 3.5),  # 16 cores: alone
+      {"step": 600, "split": "train", "steps_per_second": None, "load_average": 9.0},  # untimed
+  ]
+  assert metrics_writer.machine_load(records, starts) == {
+      "median_load_average": 3.5, "cpus": 16, "loaded_share": 1 / 6, "unrecorded_share": 3 / 6
+  }
+  assert metrics_writer.machine_load([], []) == {
+      "median_load_average": None, "cpus": None, "loaded_share": None, "unrecorded_share": None
+  }
+
+
 def test_timing_fields_are_all_that_differs_between_two_executions():
-  record = {"step": 1, "split": "train", "loss": 2.0, "steps_per_second": 3.0, "elapsed_s": 4.0}
+  record = {
+      "step": 1, "split": "train", "loss": 2.0, "steps_per_second": 3.0, "elapsed_s": 4.0,
+      "load_average": 1.5
+  }
   assert metrics_writer.without_timing([record]) == [{"step": 1, "split": "train", "loss": 2.0}]
 
 

@@ -19,9 +19,13 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      "time_s": {"training": ..., "validation": ..., "evaluation": ...} (schema 3: where
      wall_time_s went, see `relpos.experiments.single_run.run_one`),
      "steps_per_second": ..., "num_params": ...,
+     "machine_load": {"median_load_average", "cpus", "loaded_share", "unrecorded_share"}
+     (from 26 November 2026: the machine's load while the steps were timed,
+     `relpos.metrics_writer.machine_load`),
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
-     "starts": [{"started_at", "step", "commit", "host"}, ...], "commits": [...] (schema 4:
-     every start of the run and the commits it ran under, oldest first),
+     "starts": [{"started_at", "step", "commit", "host", "cpus"}, ...], "commits": [...]
+     (schema 4: every start of the run and the commits it ran under, oldest first; "cpus"
+     from 26 November 2026),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
      "other_checkpoints": {"average:10": {split: {...}}, ...} (schema 4: the scores of
      `decode.other_checkpoints` beside `decode.checkpoint`'s),
@@ -48,6 +52,7 @@ from relpos import json_files
 from relpos.experiments import markdown
 from relpos.experiments import paper
 from relpos.experiments import report_runs
+from relpos.experiments import timing
 from relpos.experiments import verdicts
 
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
@@ -412,7 +417,10 @@ def render_table(runs: list[dict]) -> str:
       f"reproduces when it is at least {margin} BLEU (4b: half of rel_kv's gain over none) "
       f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
       f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
-      f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
+      f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict; "
+      f"5 is judged only on runs timed alone (no other run of the table beside them, the "
+      f"machine's load average at most its cores + 1 for "
+      f"{1 - timing.LOADED_SHARE_LIMIT:.0%} of their timed steps).", "",
       *markdown.table(["finding", "reproduced", "evidence"],
                       [list(finding) for finding in verdicts.findings(runs)])
   ]

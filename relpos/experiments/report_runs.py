@@ -7,6 +7,7 @@ run's time went, and each run's validation curve. Runs are read as results.json 
 """
 
 from relpos.experiments import markdown
+from relpos.experiments import timing
 from relpos.experiments import verdicts
 
 TIME_PARTS = ("training", "validation", "evaluation")  # the parts of a run's time_s (schema 3)
@@ -139,7 +140,8 @@ def _restored_lines(table_runs: list[dict]) -> list[str]:
 
 def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
   """Each run's wall time and where it went (schema 3, summed over its starts; "–" for runs
-  that predate it), with each part's share, and its steps per second."""
+  that predate it), with each part's share, its steps per second and the machine's load
+  while they were timed (`timing.describe_load`)."""
   cell_rows = []
   for run in table_runs:
     total, time_s = run["wall_time_s"], run.get("time_s", {})
@@ -148,11 +150,14 @@ def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
         for part in TIME_PARTS
     ]
     speed = run.get("steps_per_second")
-    parts.append(f"{speed:.2f}" if speed else "–")
+    parts += [f"{speed:.2f}" if speed else "–", timing.describe_load(run)]
     cell_rows.append(
         [run["row"],
          str(run["seed"]), f"{total:,.0f} s ({markdown.duration(total)})", *parts])
-  header = ["row", "seed", "wall time", "training", "validation", "final evaluation", "steps/s"]
+  header = [
+      "row", "seed", "wall time", "training", "validation", "final evaluation", "steps/s",
+      "machine load"
+  ]
   return [f"## {table}: where each run's time went", "", *markdown.table(header, cell_rows), ""]
 
 

@@ -208,6 +208,8 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
             "evaluation": evaluation_s
         },
         "steps_per_second": train_steps_per_second(workdir),
+        # The machine's load while those steps were timed (`relpos.experiments.timing`).
+        "machine_load": metrics_writer.machine_load(records, starts),
         "validation_curve": validation_curve(workdir),
         **evaluation,
         "config": json.loads(config.to_json()),

@@ -1,0 +1,72 @@
+"""Whether a run's steps per second measure its variant alone, from its result record.
+
+A table's steps/s compare variants only when each run had its machine to itself: a run timed
+beside other work (a second table, tests, a build) measures the load as much as the variant.
+Each run records its machine's load while its steps were timed (`machine_load`, made by
+`relpos.metrics_writer.machine_load`), and its starts and end, from which runs of a table that
+trained at the same time (`--parallel`, `--stack_seeds`) are found.
+"""
+import datetime
+
+# A run counts as timed alone unless more than this share of its timed train records saw a
+# loaded machine, or had no load recorded.
+LOADED_SHARE_LIMIT = 0.1
+
+
+def _interval(run: dict) -> tuple[datetime.datetime, datetime.datetime] | None:
+  """When a run trained: from its first start to its end (None when either is unrecorded)."""
+  started = (run.get("starts") or [{}])[0].get("started_at")
+  finished = run.get("environment", {}).get("finished_at")
+  if not started or not finished:
+    return None
+  return datetime.datetime.fromisoformat(started), datetime.datetime.fromisoformat(finished)
+
+
+def _overlaps(run: dict, other: dict) -> bool:
+  """Whether two runs trained at the same time."""
+  a, b = _interval(run), _interval(other)
+  return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+
+
+def caveat(run: dict, runs: list[dict]) -> str | None:
+  """Why `run`'s steps per second do not measure its variant alone, or None when they do:
+  "load not recorded" (runs made before relpos recorded it, or more than LOADED_SHARE_LIMIT
+  of the timed steps without it), "machine loaded" (more than LOADED_SHARE_LIMIT of its timed
+  steps on a machine with more runnable threads than cores + 1) or "trained beside other runs"
+  (another run of `runs` trained at the same time)."""
+  load = run.get("machine_load") or {}
+  unrecorded, loaded = load.get("unrecorded_share"), load.get("loaded_share")
+  if unrecorded is None or unrecorded > LOADED_SHARE_LIMIT:
+    return "load not recorded"
+  if loaded > LOADED_SHARE_LIMIT:
+    return "machine loaded"
+  if any(other is not run and _overlaps(run, other) for other in runs):
+    return "trained beside other runs"
+  return None
+
+
+def describe_load(run: dict) -> str:
+  """The machine's load while `run` was timed, as table.md shows it: "1.5 / 2 cores" (median
+  load average / the cores), with ", loaded 31%" when the machine was loaded for more than
+  LOADED_SHARE_LIMIT of the timed steps; "–" when unrecorded."""
+  load = run.get("machine_load") or {}
+  if load.get("median_load_average") is None or load.get("cpus") is None:
+    return "–"
+  text = f"{load['median_load_average']:.1f} / {load['cpus']} cores"
+  if load["loaded_share"] > LOADED_SHARE_LIMIT:
+    text += f", loaded {load['loaded_share']:.0%}"
+  return text
+
+
+def untimed_runs(runs: list[dict], table: str, rows: tuple[str, ...]) -> str:
+  """The runs of `rows` of `table` whose steps per second do not measure their variant alone,
+  grouped by cause: "load not recorded (abs seeds 0, 1; rel_kv seed 0)"; "" when every run
+  was timed alone."""
+  by_cause = {}
+  for run in runs:
+    if run["table"] == table and run["row"] in rows and (why := caveat(run, runs)):
+      by_cause.setdefault(why, {}).setdefault(run["row"], []).append(str(run["seed"]))
+  return "; ".join(f"{why} (" +
+                   "; ".join(f"{row} seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)}"
+                             for row, seeds in by_row.items()) + ")"
+                   for why, by_row in by_cause.items())

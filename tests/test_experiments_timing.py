@@ -1,0 +1,60 @@
+"""Tests for relpos.experiments.timing: whether a run's steps per second were timed alone."""
+
+import fake_results
+from relpos.experiments import timing
+
+
+def _run(row, seed, *, load=fake_results.TIMED_ALONE, started=None, finished=None):
+  run = fake_results.run_record("ablation", row, seed, 50.0, 10.0, load=load)
+  if started:
+    run["starts"] = [{"started_at": started, "step": 0, "commit": "abc1234", "cpus": 2}]
+    run["environment"] = {"finished_at": finished}
+  return run
+
+
+LOADED = {"median_load_average": 3.4, "cpus": 2, "loaded_share": 0.31, "unrecorded_share": 0.0}
+HALF_UNRECORDED = {**fake_results.TIMED_ALONE, "unrecorded_share": 0.5}
+
+
+def test_caveat_names_why_a_run_was_not_timed_alone():
+  alone = _run("abs", 0)
+  assert timing.caveat(alone, [alone]) is None
+  assert timing.caveat(_run("abs", 0, load=None), []) == "load not recorded"
+  assert timing.caveat(_run("abs", 0, load=HALF_UNRECORDED), []) == "load not recorded"
+  assert timing.caveat(_run("abs", 0, load=LOADED), []) == "machine loaded"
+  # At the limit still alone: one loaded record in ten is a passing job, not a shared machine.
+  at_limit = {**fake_results.TIMED_ALONE, "loaded_share": timing.LOADED_SHARE_LIMIT}
+  assert timing.caveat(_run("abs", 0, load=at_limit), []) is None
+
+
+def test_runs_that_trained_at_the_same_time_are_not_timed_alone():
+  first = _run("abs", 0, started="2026-11-24T08:00:00Z", finished="2026-11-24T10:00:00+00:00")
+  after = _run("rel_kv", 0, started="2026-11-24T10:00:05Z", finished="2026-11-24T12:00:00+00:00")
+  beside = _run("none", 0, started="2026-11-24T09:00:00Z", finished="2026-11-24T11:00:00+00:00")
+  assert timing.caveat(first, [first, after]) is None  # one after the other
+  assert timing.caveat(first, [first, after, beside]) == "trained beside other runs"
+  assert timing.caveat(after, [first, after, beside]) == "trained beside other runs"
+  unrecorded = _run("rel_v", 0)  # no starts: cannot be placed in time, so never beside
+  assert timing.caveat(unrecorded, [first, unrecorded]) is None
+
+
+def test_describe_load():
+  assert timing.describe_load(_run("abs", 0)) == "1.5 / 2 cores"
+  assert timing.describe_load(_run("abs", 0, load=LOADED)) == "3.4 / 2 cores, loaded 31%"
+  assert timing.describe_load(_run("abs", 0, load=None)) == "–"
+
+
+def test_untimed_runs_grouped_by_cause():
+  runs = [
+      _run("abs", 0, load=None),
+      _run("abs", 1, load=None),
+      _run("abs", 2, load=LOADED),
+      _run("rel_kv", 0, load=None),
+      _run("rel_kv", 1),
+      _run("none", 0, load=None)
+  ]
+  assert timing.untimed_runs(
+      runs, "ablation",
+      ("rel_kv",
+       "abs")) == ("load not recorded (abs seeds 0, 1; rel_kv seed 0); machine loaded (abs seed 2)")
+  assert timing.untimed_runs(runs, "k_sweep", ("rel_kv", "abs")) == ""
