@@ -42,6 +42,8 @@ def test_describe_load():
   assert timing.describe_load(_run("abs", 0)) == "1.5 / 2 cores"
   assert timing.describe_load(_run("abs", 0, load=LOADED)) == "3.4 / 2 cores, loaded 31%"
   assert timing.describe_load(_run("abs", 0, load=None)) == "–"
+  assert timing.describe_load(_run("abs", 0,
+                                   load=HALF_UNRECORDED)) == ("1.5 / 2 cores, recorded for 50%")
 
 
 def test_untimed_runs_grouped_by_cause():

@@ -48,13 +48,16 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
 def describe_load(run: dict) -> str:
   """The machine's load while `run` was timed, as table.md shows it: "1.5 / 2 cores" (median
   load average / the cores), with ", loaded 31%" when the machine was loaded for more than
-  LOADED_SHARE_LIMIT of the timed steps; "–" when unrecorded."""
+  LOADED_SHARE_LIMIT of the timed steps and ", recorded for 5%" when the load was recorded
+  for less than the rest of them; "–" when unrecorded."""
   load = run.get("machine_load") or {}
   if load.get("median_load_average") is None or load.get("cpus") is None:
     return "–"
   text = f"{load['median_load_average']:.1f} / {load['cpus']} cores"
   if load["loaded_share"] > LOADED_SHARE_LIMIT:
     text += f", loaded {load['loaded_share']:.0%}"
+  if load["unrecorded_share"] > LOADED_SHARE_LIMIT:
+    text += f", recorded for {1 - load['unrecorded_share']:.0%}"
   return text
 
 
