@@ -48,6 +48,10 @@ def test_table_says_where_the_time_went(tmp_path):
       "Time per run (mean of 2): 16,050 s (4 h 27 min) = training 16,020 s (steps, ") == 1
 
 
+def test_table_before_any_run_finished_says_so():
+  assert report.render_table([]).startswith("# relpos results\n\nNo run has finished yet;")
+
+
 def test_single_length_buckets_are_labelled_by_their_length():
   assert report.bucket_label("12-12") == report.bucket_label("12") == "12"
   assert report.bucket_label("3-5") == "3-5"

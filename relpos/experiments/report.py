@@ -379,6 +379,9 @@ def _signatures(runs: list[dict], key: str) -> list[str]:
 
 def render_table(runs: list[dict]) -> str:
   """The markdown of `table.md` for the given runs."""
+  if not runs:
+    return ("# relpos results\n\nNo run has finished yet; `--status` with the table's command "
+            "says where each stands.\n")
   tasks = sorted({r["task"] for r in runs})
   commits = list(dict.fromkeys(c for r in runs for c in r.get("commits", [r["commit"]])))
   lines = [

@@ -137,7 +137,7 @@ def main(argv: Sequence[str]) -> None:
   except KeyboardInterrupt:
     sys.exit("relpos: interrupted; rerun the same command to resume.")
   print(outputs["table"])
-  print("Wrote", outputs["results"], "and", ", ".join(outputs["plots"]))
+  print("Wrote", ", ".join([outputs["results"], *outputs["plots"]]))
   if outputs.get("published"):
     print(f"Copied them and the runs' test translations to {_PUBLISH_TO.value}.")
   if outputs["preempted"]:
