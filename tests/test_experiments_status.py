@@ -12,6 +12,7 @@ import pytest
 
 from relpos import json_files
 from relpos import locks
+from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments import runner
 from relpos.experiments import single_run
@@ -89,8 +90,10 @@ def test_each_run_is_finished_stopped_running_or_not_started(table):
   assert status.run_status(none0).state == "stopped"  # the lock released
 
 
-def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
+def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table, monkeypatch):
   output_dir, runs = table
+  monkeypatch.setattr(metrics_writer, "load_average", lambda: 2.5)  # 2 cores + 1 at most: alone
+  monkeypatch.setattr(metrics_writer, "usable_cpus", lambda: 2)
   with locks.hold(output_dir, lock_file=runner.TABLE_LOCK_FILE):
     with locks.hold(runs[2].workdir):  # none seed 0 trains
       text = status.report("ablation", "synthetic", runs, output_dir)
@@ -120,6 +123,16 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table):
   assert status.report(
       "ablation", "synthetic", runs,
       output_dir).startswith(f"Table ablation on synthetic in {output_dir}: not running.\n")
+
+
+def test_report_warns_when_a_run_is_timed_on_a_loaded_machine(table, monkeypatch):
+  output_dir, runs = table
+  monkeypatch.setattr(metrics_writer, "usable_cpus", lambda: 2)
+  monkeypatch.setattr(metrics_writer, "load_average", lambda: 4.25)
+  warning = "This machine's load average is 4.2 on 2 cores: a run here is timed beside other work"
+  with locks.hold(runs[2].workdir):  # none seed 0 trains
+    assert warning in status.report("ablation", "synthetic", runs, output_dir)
+  assert warning not in status.report("ablation", "synthetic", runs, output_dir)  # none running
 
 
 def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):

@@ -150,8 +150,9 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 
 
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
-  """The table's state in `output_dir` and one line per run of `runs` (in their order), then
-  the runs in the folder that `runs` does not name (another --rows or --seeds)."""
+  """The table's state in `output_dir` and one line per run of `runs` (in their order), a
+  warning when a run is running and this machine is loaded (`metrics_writer.machine_load`'s
+  rule), then the runs in the folder that `runs` does not name (another --rows or --seeds)."""
   table_holder = locks.holder(output_dir, runner.TABLE_LOCK_FILE)
   running = f"running ({table_holder})" if table_holder else "not running"
   statuses = [run_status(run) for run in runs]
@@ -174,6 +175,14 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
     lines += [
         "", f"The finished runs took {each} each (all their starts); a running run's "
         "training left is at the pace of its last steps."
+    ]
+  load, cpus = metrics_writer.load_average(), metrics_writer.usable_cpus()
+  if (any(s.state == "running" for s in statuses) and load is not None and
+      load > cpus + metrics_writer.LOAD_ABOVE_CPUS):
+    lines += [
+        "", f"This machine's load average is {load:.1f} on {cpus} cores: a run here is timed "
+        "beside other work now (table.md's machine load; the speed finding is judged only on "
+        "runs timed alone)."
     ]
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   planned = {run.name for run in runs}
