@@ -9,6 +9,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import time
 from typing import Any
 
@@ -97,16 +98,23 @@ def usable_cpus() -> int:
   return os.cpu_count() or 1
 
 
+def is_loaded(load: float, cpus: int) -> bool:
+  """Whether a machine with `cpus` cores at load average `load` is loaded: more than
+  LOAD_ABOVE_CPUS runnable threads above its cores."""
+  return load > cpus + LOAD_ABOVE_CPUS
+
+
 def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) -> dict[str, Any]:
   """How loaded the machine was while the run's training steps were timed: its timed train
   records' `load_average` against the `cpus` of the start each record belongs to (the last
   start before the record's step).
 
   Returns:
-    {"median_load_average": over the timed records that have one (None when none has),
+    {"median_load_average": the upper median over the timed records that have one (None
+       when none has),
      "cpus": of the run's last start (None before starts recorded it),
      "loaded_share": the share of timed records whose load average exceeded their start's CPU
-       count by more than LOAD_ABOVE_CPUS,
+       count by more than LOAD_ABOVE_CPUS (`is_loaded`),
      "unrecorded_share": the share of timed records without a load average or CPU count
        (written before relpos recorded them)}; the shares are None without timed records.
   """
@@ -120,10 +128,10 @@ def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) ->
       unrecorded += 1
       continue
     loads.append(record["load_average"])
-    loaded += record["load_average"] > cpus + LOAD_ABOVE_CPUS
+    loaded += is_loaded(record["load_average"], cpus)
   share = lambda count: count / len(timed) if timed else None
   return {
-      "median_load_average": sorted(loads)[len(loads) // 2] if loads else None,
+      "median_load_average": statistics.median_high(loads) if loads else None,
       "cpus": starts[-1].get("cpus") if starts else None, "loaded_share": share(loaded),
       "unrecorded_share": share(unrecorded)
   }

@@ -151,8 +151,8 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
   """The table's state in `output_dir` and one line per run of `runs` (in their order), a
-  warning when a run is running and this machine is loaded (`metrics_writer.machine_load`'s
-  rule), then the runs in the folder that `runs` does not name (another --rows or --seeds)."""
+  warning when a run is running and this machine is loaded (`metrics_writer.is_loaded`), then
+  the runs in the folder that `runs` does not name (another --rows or --seeds)."""
   table_holder = locks.holder(output_dir, runner.TABLE_LOCK_FILE)
   running = f"running ({table_holder})" if table_holder else "not running"
   statuses = [run_status(run) for run in runs]
@@ -178,7 +178,7 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
     ]
   load, cpus = metrics_writer.load_average(), metrics_writer.usable_cpus()
   if (any(s.state == "running" for s in statuses) and load is not None and
-      load > cpus + metrics_writer.LOAD_ABOVE_CPUS):
+      metrics_writer.is_loaded(load, cpus)):
     lines += [
         "", f"This machine's load average is {load:.1f} on {cpus} cores: a run here is timed "
         "beside other work now (table.md's machine load; the speed finding is judged only on "
