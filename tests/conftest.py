@@ -34,14 +34,31 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
   return str(tmp_path_factory.getbasetemp() / "relpos_data")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def compilation_cache(tmp_path_factory: pytest.TempPathFactory):
+  """JAX's persistent compilation cache in a folder of the session, for this process and the
+  programs the tests start: a program compiled once (the tiny config's train step, trained by
+  many tests in this process and in child runs) is loaded, not compiled, the next time. The
+  same programs: the same results, bitwise."""
+  import jax  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path_factory.mktemp("jax_cache"))
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("JAX_COMPILATION_CACHE_DIR", path)
+    patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    yield
+  jax.config.update("jax_compilation_cache_dir", before[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
 @pytest.fixture(scope="session")
-def environment(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-  """Environment of the training processes tests start: JAX's persistent compilation cache
-  shared between them (each process would otherwise compile the same steps again)."""
-  return {
-      **os.environ, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-      "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax_cache"))
-  }
+def environment(compilation_cache) -> dict[str, str]:  # pylint: disable=unused-argument,redefined-outer-name
+  """Environment of the training processes tests start (with the session's compilation cache:
+  `compilation_cache`)."""
+  return dict(os.environ)
 
 
 @pytest.fixture(scope="session")

@@ -35,25 +35,7 @@ runpy.run_module("relpos.experiments.run_one", run_name="__main__")
 
 
 @pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory):
-  """JAX's persistent compilation cache, for this process and the child runs: a child then
-  loads the programs this process compiled for the same run instead of compiling them again
-  (the same programs: same results)."""
-  path = str(tmp_path_factory.mktemp("jax_cache"))
-  before = (jax.config.jax_compilation_cache_dir,
-            jax.config.jax_persistent_cache_min_compile_time_secs)
-  jax.config.update("jax_compilation_cache_dir", path)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("JAX_COMPILATION_CACHE_DIR", path)
-    patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    yield
-  jax.config.update("jax_compilation_cache_dir", before[0])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
-
-
-@pytest.fixture(scope="module")
-def finished_table(tmp_path_factory, compilation_cache):
+def finished_table(tmp_path_factory):
   root = tmp_path_factory.mktemp("table")
   output_dir = str(root / "out")
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
