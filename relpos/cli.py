@@ -16,6 +16,7 @@ from ml_collections import config_flags
 
 from relpos import checkpoints
 from relpos import distributed
+from relpos import fields
 from relpos import locks
 from relpos import prng
 from relpos import source_tree
@@ -112,14 +113,25 @@ def _one_line(error: Exception) -> str:
 
 
 def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> str:
-  """The message for a config override naming a field the config does not have."""
-  field = str(error).strip("\"'")
+  """The message for a config override naming a field the config does not have.
+
+  ml_collections raises a KeyError (inside an AttributeError for attribute access) whose
+  message is the field's name in quotes, then, when a field's name is close, a line
+  'Did you mean "num_steps" instead of "num_step"?'.
+  """
+  while error.args and isinstance(error.args[0], BaseException):
+    error = error.args[0]
+  message = str(error.args[0]) if error.args else str(error)
+  name_line = message.split("\n")[0]
+  field = name_line.strip("\"'")
+  close = re.findall(r'Did you mean "([^"]+)"', message)
   given = [
       arg.split("=")[0]
       for arg in argv[1:]
       if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]
   ]
-  return f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
+  return (f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
+          f"{fields.did_you_mean(close)}")
 
 
 @contextlib.contextmanager

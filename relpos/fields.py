@@ -9,8 +9,9 @@ field or an invalid value raises a ValueError that names the field, the value an
 allowed.
 """
 import dataclasses
+import difflib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from absl import logging
@@ -105,6 +106,18 @@ NON_EMPTY_STRING = Rule("a non-empty string", lambda v: isinstance(v, str) and b
 def invalid(path: str, value: Any, allowed: str) -> ValueError:
   """The error for a field: "config field <path>=<value> is invalid: must be <allowed>."."""
   return ValueError(f"config field {path}={value!r} is invalid: must be {allowed}.")
+
+
+def close_names(name: str, known: Sequence[str]) -> list[str]:
+  """The names of `known` a mistyped `name` may have meant: those it begins (`concat` for
+  `concat_probability`), else the closest by difflib's ratio."""
+  return [k for k in known if k.startswith(name)] or difflib.get_close_matches(name, known, n=1)
+
+
+def did_you_mean(candidates: Sequence[str]) -> str:
+  """" Did you mean 'x'?" for the first of the names close to a mistyped one ("" for none),
+  appended to the message for a field that does not exist."""
+  return f" Did you mean {candidates[0]!r}?" if candidates else ""
 
 
 def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str, *,

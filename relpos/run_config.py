@@ -234,15 +234,18 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
   Raises:
     ValueError: for a field the config lacks, or a value of another type than the field's.
   """
+  def check_has(section: ml_collections.ConfigDict, part: str, name: str) -> None:
+    if part not in section:
+      close = fields.close_names(part, list(section))
+      raise ValueError(f"override {name!r}: no config field {part!r}.{fields.did_you_mean(close)}")
+
   for name, value in dotted.items():
     parent = config
     *path, leaf = name.split(".")
     for part in path:
-      if part not in parent:
-        raise ValueError(f"override {name!r}: no config field {part!r}.")
+      check_has(parent, part, name)
       parent = parent[part]
-    if leaf not in parent:
-      raise ValueError(f"override {name!r}: no config field {leaf!r}.")
+    check_has(parent, leaf, name)
     try:
       parent[leaf] = value
     except TypeError:  # ConfigDict refuses a value of another type

@@ -20,6 +20,13 @@ MISTAKES = [
     ("unknown config field", {},
      ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.model.nosuch=1"
      ], "error: --config.model.nosuch: the config has no field 'nosuch'."),
+    ("misspelled config field", {},
+     ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.train.num_step=1"
+     ], "error: --config.train.num_step: the config has no field 'num_step'. "
+     "Did you mean 'num_steps'?"),
+    ("misspelled override, experiments", {},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=trian.num_steps=1"
+     ], "error: override 'trian.num_steps': no config field 'trian'. Did you mean 'train'?"),
     ("missing config file", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/nosuch.py"],
      "error: --config: configs/nosuch.py: No such file or directory."),
     ("unknown ablation row", {},

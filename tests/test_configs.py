@@ -91,7 +91,8 @@ def test_a_row_sets_task_fields_and_overrides_come_after_it():
   config = ablation.get_config("rel_kv_concat")
   run_config.set_fields(config, {"task.concat_probability": 0.25, "train.num_steps": 7})
   assert (config.task.concat_probability, config.train.num_steps) == (0.25, 7)
-  with pytest.raises(ValueError, match="no config field 'concat'"):
+  with pytest.raises(ValueError,
+                     match="no config field 'concat'. Did you mean 'concat_probability'"):
     run_config.set_fields(config, {"task.concat": 0.5})
   with pytest.raises(ValueError, match="holds int values"):
     run_config.set_fields(config, {"train.num_steps": "many"})

@@ -64,3 +64,12 @@ def test_resolve_names_an_unknown_or_invalid_field_in_one_line():
   with pytest.raises(ValueError) as invalid:
     fields.resolve({"steps": 0}, SECTION, "train")
   assert str(invalid.value) == "config field train.steps=0 is invalid: must be an integer >= 1."
+
+
+def test_a_mistyped_name_is_offered_the_names_it_begins_or_the_closest():
+  known = ["num_steps", "concat_probability", "batch_size"]
+  assert fields.close_names("concat", known) == ["concat_probability"]
+  assert fields.close_names("num_step", known) == ["num_steps"]
+  assert fields.close_names("learning_rate", known) == []
+  assert fields.did_you_mean(["num_steps"]) == " Did you mean 'num_steps'?"
+  assert fields.did_you_mean([]) == ""
