@@ -371,6 +371,10 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if (split is None) == (input_file is None):
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
                      f"split={split!r}, input_file={input_file!r}.")
+  if not (isinstance(checkpoint, int) or str(checkpoint).isdigit() or
+          run_config.CHECKPOINT_CHOICE.fullmatch(str(checkpoint))):
+    raise ValueError(f"checkpoint={checkpoint!r}: must be 'latest', 'best', a step number or "
+                     f"'average:<N>' with N >= 2.")
   task = pipeline.get_task(config.task)
   if split is not None and split not in task.splits:
     raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "

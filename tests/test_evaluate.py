@@ -135,8 +135,11 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
     evaluate.evaluate_checkpoint(workdir, split="dev")
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 in .*saved steps"):
     evaluate.evaluate_checkpoint(workdir, checkpoint=5, split="validation")
-  with pytest.raises(ValueError, match="checkpoint='newest': must be 'latest', 'best' or a step"):
-    evaluate.evaluate_checkpoint(workdir, checkpoint="newest", split="validation")
+  for name in ("newest", "average:1", "400x"):  # refused before any data or checkpoint is read
+    with pytest.raises(
+        ValueError, match=f"checkpoint='{name}': must be 'latest', 'best', a step "
+        "number or 'average:<N>' with N >= 2."):
+      evaluate.evaluate_checkpoint(workdir, checkpoint=name, split="validation")
   missing = str(tmp_path / "missing")
   with pytest.raises(FileNotFoundError, match=f"workdir {missing} does not exist"):
     evaluate.evaluate_checkpoint(missing, split="validation")
