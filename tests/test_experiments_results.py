@@ -53,6 +53,10 @@ def test_host_cpu_names_the_model_and_the_vector_instruction_sets(tmp_path, monk
     ("{", "--restore_from {path} is not a table's results.json (Expecting property name"),
     ('{"runs": 3}', "--restore_from {path} is not a table's results.json (no 'runs' list)."),
     ('{"runs": [{"row": "abs"}]}', "--restore_from {path} holds a run without table, row"),
+    ('{"runs": [{"table": "k_sweep", "row": "k=2", "seed": 0, "task": "synthetic", "scores": {},'
+     ' "config": {}, "workdir": "runs/synthetic-k_sweep-k2-seed0"}]}',
+     "--restore_from {path} holds runs of table k_sweep on synthetic, not of table ablation on "
+     "synthetic."),
 ])
 def test_restore_from_a_file_that_is_not_a_results_json_is_refused_in_one_line(
     tmp_path, content, message):
@@ -60,4 +64,5 @@ def test_restore_from_a_file_that_is_not_a_results_json_is_refused_in_one_line(
   if content is not None:
     path.write_text(content)
   with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
-    results.restore_published(str(path), [], str(tmp_path / "out"))
+    results.restore_published(str(path), [], str(tmp_path / "out"), table="ablation",
+                              task="synthetic")

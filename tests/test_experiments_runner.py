@@ -482,10 +482,17 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
   with pytest.raises(ValueError, match=re.escape("was made with train.num_steps=4, not the 5")):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],
                      overrides={**overrides, "train.num_steps": 5}, restore_from=published)
+  with pytest.raises(
+      ValueError, match=re.escape(f"--restore_from {published} holds runs of "
+                                  "table ablation on synthetic, not of table "
+                                  "k_sweep on synthetic.")):
+    runner.run_table("k_sweep", task="synthetic", seeds=[0], output_dir=lost, rows=["k=2"],
+                     overrides=overrides, restore_from=published)
   shutil.rmtree(lost)
   os.makedirs(os.path.join(lost, "runs", "synthetic-ablation-rel_kv-seed0"))  # a run begun anew
   runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost)
-  assert runner.results.restore_published(published, runs, lost) == [runs[0].workdir]
+  assert runner.results.restore_published(published, runs, lost, table="ablation",
+                                          task="synthetic") == [runs[0].workdir]
   assert os.listdir(runs[1].workdir) == []
   shutil.rmtree(runs[1].workdir)
 
@@ -517,7 +524,8 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
   # restore kept on record.
   republished, lost_again = str(tmp_path / "again" / "results.json"), str(tmp_path / "lost2")
   runs = runner.table_runs("ablation", "synthetic", ["abs"], [0], lost_again)
-  assert runner.results.restore_published(republished, runs, lost_again) == [runs[0].workdir]
+  assert runner.results.restore_published(republished, runs, lost_again, table="ablation",
+                                          task="synthetic") == [runs[0].workdir]
   with open(os.path.join(runs[0].workdir, "result.json"), encoding="utf-8") as f:
     second_restore = json.load(f)["restored"]
   assert second_restore["from"] == republished

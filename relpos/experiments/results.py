@@ -185,7 +185,8 @@ def publish(output_dir: str, destination: str) -> list[str]:
   return [path for _, path in copies]
 
 
-def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> list[str]:
+def restore_published(published: str, runs: Sequence[Any], output_dir: str, *, table: str,
+                      task: str) -> list[str]:
   """Writes back the result.json of each of `runs` that `published` (a table's results.json,
   e.g. the copy under docs/results/) holds finished and whose folder `output_dir` lacks, so a
   table whose output folder was lost goes on from its published runs instead of training them
@@ -200,12 +201,14 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
     published: the results.json to restore from.
     runs: the table's planned runs (`runner.Run`: `.name` and `.workdir`).
     output_dir: the table's output folder.
+    table, task: the table's name and task, which `published` must hold runs of.
 
   Returns:
     The workdirs written, in the order of `runs`.
 
   Raises:
-    ValueError: naming `published` when it cannot be read or is not a table's results.json.
+    ValueError: naming `published` when it cannot be read, is not a table's results.json, or
+      holds runs of other tables or tasks only.
   """
   try:
     published_runs = report.load_runs(published)
@@ -224,6 +227,11 @@ def restore_published(published: str, runs: Sequence[Any], output_dir: str) -> l
       raise ValueError(f"--restore_from {published} holds a run without "
                        f"{', '.join(RESULT_FIELDS)}: not a table's results.json.")
     by_name[os.path.basename(result["workdir"])] = result
+  published_tables = {(r["table"], r["task"]) for r in published_runs}
+  if published_runs and (table, task) not in published_tables:
+    given = ", ".join(f"{t} on {k}" for t, k in sorted(published_tables))
+    raise ValueError(f"--restore_from {published} holds runs of table {given}, not of table "
+                     f"{table} on {task}.")
   restored = []
   for run in runs:
     if run.name not in by_name or os.path.exists(run.workdir):

@@ -353,7 +353,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       "another --output_dir"):
     runs = table_runs(table, task, rows, seeds, output_dir, order)
     if restore_from:
-      for workdir in results.restore_published(restore_from, runs, output_dir):
+      for workdir in results.restore_published(restore_from, runs, output_dir, table=table,
+                                               task=task):
         print(
             f"relpos: {workdir} restored as finished from {restore_from} (its result and "
             "the test translations published with it, not its checkpoints).", flush=True)
