@@ -64,5 +64,4 @@ def test_restore_from_a_file_that_is_not_a_results_json_is_refused_in_one_line(
   if content is not None:
     path.write_text(content)
   with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
-    results.restore_published(str(path), [], str(tmp_path / "out"), table="ablation",
-                              task="synthetic")
+    results.restore_published(str(path), str(tmp_path / "out"), table="ablation", task="synthetic")

@@ -479,6 +479,15 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
                      overrides=overrides, publish_to=str(not_a_folder))
 
   lost = str(tmp_path / "lost")
+  # Publishing from a folder without the published runs would drop them: refused at the start.
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"--publish_to {published_dir} holds 2 finished runs that {lost} lacks "
+          "(synthetic-ablation-abs-seed0, synthetic-ablation-rel_kv-seed0): publishing would drop "
+          f"them. Add --restore_from={published} to bring them back, or publish elsewhere.")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],
+                     overrides=overrides, publish_to=published_dir)
+  assert not os.path.exists(os.path.join(lost, "runs"))
   with pytest.raises(ValueError, match=re.escape("was made with train.num_steps=4, not the 5")):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost, rows=["abs"],
                      overrides={**overrides, "train.num_steps": 5}, restore_from=published)
@@ -491,7 +500,7 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
   shutil.rmtree(lost)
   os.makedirs(os.path.join(lost, "runs", "synthetic-ablation-rel_kv-seed0"))  # a run begun anew
   runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost)
-  assert runner.results.restore_published(published, runs, lost, table="ablation",
+  assert runner.results.restore_published(published, lost, table="ablation",
                                           task="synthetic") == [runs[0].workdir]
   assert os.listdir(runs[1].workdir) == []
   shutil.rmtree(runs[1].workdir)
@@ -523,9 +532,10 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
   # Lost a second time: restored from the copy published after the first loss, with the first
   # restore kept on record.
   republished, lost_again = str(tmp_path / "again" / "results.json"), str(tmp_path / "lost2")
-  runs = runner.table_runs("ablation", "synthetic", ["abs"], [0], lost_again)
-  assert runner.results.restore_published(republished, runs, lost_again, table="ablation",
-                                          task="synthetic") == [runs[0].workdir]
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost_again)
+  # Every published run of the table comes back, not only those of the rows asked for now.
+  assert runner.results.restore_published(republished, lost_again, table="ablation",
+                                          task="synthetic") == [run.workdir for run in runs]
   with open(os.path.join(runs[0].workdir, "result.json"), encoding="utf-8") as f:
     second_restore = json.load(f)["restored"]
   assert second_restore["from"] == republished

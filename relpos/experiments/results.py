@@ -9,7 +9,6 @@ written before that record it as an absolute path. `workdir_of` reads either.
 import datetime
 import os
 import platform
-from collections.abc import Sequence
 from typing import Any
 
 import flax
@@ -185,67 +184,102 @@ def publish(output_dir: str, destination: str) -> list[str]:
   return [path for _, path in copies]
 
 
-def restore_published(published: str, runs: Sequence[Any], output_dir: str, *, table: str,
-                      task: str) -> list[str]:
-  """Writes back the result.json of each of `runs` that `published` (a table's results.json,
-  e.g. the copy under docs/results/) holds finished and whose folder `output_dir` lacks, so a
-  table whose output folder was lost goes on from its published runs instead of training them
-  again. A restored result is the published one plus "restored": {"from": `published`, "at":
-  UTC time, and for a run restored before, "earlier": [its earlier {"from", "at"}, oldest
-  first]}, with the test translations `publish` kept beside `published` back in its eval/
-  folder; its checkpoints and metrics were never published, so it cannot be evaluated again or
-  resumed. A run whose folder exists is left as it is (it resumes, or is finished, from its own
-  files).
+def read_published(path: str, flag: str, *, table: str, task: str) -> list[dict[str, Any]]:
+  """The runs of a published results.json (`publish`), checked to be a table's and to hold
+  runs of `table` on `task` (when it holds any).
+
+  Raises:
+    ValueError: naming `flag` and `path`: unreadable, not a table's results.json, or runs of
+      other tables or tasks only.
+  """
+  try:
+    published_runs = report.load_runs(path)
+  except OSError as e:
+    raise ValueError(f"{flag} {path}: {e.strerror}.") from None
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    detail = str(e) if isinstance(e, ValueError) else "no 'runs' list"
+    raise ValueError(f"{flag} {path} is not a table's results.json ({detail}).") from None
+  if not isinstance(published_runs, list):
+    raise ValueError(f"{flag} {path} is not a table's results.json (no 'runs' list).")
+  for result in published_runs:
+    if not isinstance(result, dict) or any(field not in result for field in RESULT_FIELDS):
+      raise ValueError(f"{flag} {path} holds a run without {', '.join(RESULT_FIELDS)}: not a "
+                       "table's results.json.")
+  published_tables = {(r["table"], r["task"]) for r in published_runs}
+  if published_runs and (table, task) not in published_tables:
+    given = ", ".join(f"{t} on {k}" for t, k in sorted(published_tables))
+    raise ValueError(f"{flag} {path} holds runs of table {given}, not of table {table} on "
+                     f"{task}.")
+  return published_runs
+
+
+def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: str) -> None:
+  """Refuses, before any work, a `--publish_to` folder whose results.json publishing this
+  table would replace with less: runs of another table or task, or finished runs whose
+  folders `output_dir` lacks (lost with an earlier output folder: `--restore_from` that
+  results.json brings them back). A run whose folder exists, resuming or retrained, is this
+  table's to publish.
+
+  Raises:
+    ValueError: naming the folder and what publishing would lose.
+  """
+  path = os.path.join(destination, RESULTS_FILE)
+  if not os.path.exists(path):
+    return
+  published_runs = read_published(path, "--publish_to", table=table, task=task)
+  runs_dir = os.path.join(output_dir, RUNS_DIR)
+  lost = [
+      name for name in (os.path.basename(r["workdir"]) for r in published_runs)
+      if not os.path.isdir(os.path.join(runs_dir, name))
+  ]
+  if lost:
+    raise ValueError(f"--publish_to {destination} holds {len(lost)} finished runs that "
+                     f"{output_dir} lacks ({', '.join(lost)}): publishing would drop them. Add "
+                     f"--restore_from={path} to bring them back, or publish elsewhere.")
+
+
+def restore_published(published: str, output_dir: str, *, table: str, task: str) -> list[str]:
+  """Writes back the result.json of each run of `table` on `task` that `published` (a table's
+  results.json, e.g. the copy under docs/results/) holds finished and whose folder `output_dir`
+  lacks, so a table whose output folder was lost goes on from its published runs instead of
+  training them again (and publishes them again, whichever rows it runs now).
+
+  A restored result is the published one plus "restored": {"from": `published`, "at": UTC
+  time, and for a run restored before, "earlier": [its earlier {"from", "at"}, oldest first]},
+  with the test translations `publish` kept beside `published` back in its eval/ folder; its
+  checkpoints and metrics were never published, so it cannot be evaluated again or resumed. A
+  run whose folder exists is left as it is (it resumes, or is finished, from its own files).
 
   Args:
     published: the results.json to restore from.
-    runs: the table's planned runs (`runner.Run`: `.name` and `.workdir`).
     output_dir: the table's output folder.
     table, task: the table's name and task, which `published` must hold runs of.
 
   Returns:
-    The workdirs written, in the order of `runs`.
+    The workdirs written, in the order of `published`.
 
   Raises:
     ValueError: naming `published` when it cannot be read, is not a table's results.json, or
       holds runs of other tables or tasks only.
   """
-  try:
-    published_runs = report.load_runs(published)
-  except OSError as e:
-    raise ValueError(f"--restore_from {published}: {e.strerror}.") from None
-  except (ValueError, KeyError, TypeError, AttributeError) as e:
-    detail = str(e) if isinstance(e, ValueError) else "no 'runs' list"
-    raise ValueError(
-        f"--restore_from {published} is not a table's results.json ({detail}).") from None
-  if not isinstance(published_runs, list):
-    raise ValueError(f"--restore_from {published} is not a table's results.json (no 'runs' "
-                     "list).")
-  by_name = {}
-  for result in published_runs:
-    if not isinstance(result, dict) or any(field not in result for field in RESULT_FIELDS):
-      raise ValueError(f"--restore_from {published} holds a run without "
-                       f"{', '.join(RESULT_FIELDS)}: not a table's results.json.")
-    by_name[os.path.basename(result["workdir"])] = result
-  published_tables = {(r["table"], r["task"]) for r in published_runs}
-  if published_runs and (table, task) not in published_tables:
-    given = ", ".join(f"{t} on {k}" for t, k in sorted(published_tables))
-    raise ValueError(f"--restore_from {published} holds runs of table {given}, not of table "
-                     f"{table} on {task}.")
   restored = []
-  for run in runs:
-    if run.name not in by_name or os.path.exists(run.workdir):
+  for published_result in read_published(published, "--restore_from", table=table, task=task):
+    name = os.path.basename(published_result["workdir"])
+    workdir = os.path.join(output_dir, RUNS_DIR, name)
+    if (published_result["table"], published_result["task"]) != (table, task):
+      continue  # a results.json may hold other tables of the task
+    if os.path.exists(workdir):
       continue
-    result = {**by_name[run.name], "workdir": relative_workdir(run.workdir)}
+    result = {**published_result, "workdir": relative_workdir(workdir)}
     result["restored"] = {"from": published, "at": now()}
-    if earlier := by_name[run.name].get("restored"):  # lost before: each loss stays on record
+    if earlier := published_result.get("restored"):  # lost before: each loss stays on record
       result["restored"]["earlier"] = earlier.get(
           "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]
-    translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, run.name)
-    eval_dir = os.path.join(run.workdir, workdir_files.EVAL_DIR)
+    translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, name)
+    eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
     os.makedirs(eval_dir)
-    for name in sorted(os.listdir(translations)) if os.path.isdir(translations) else []:
-      json_files.copy_file(os.path.join(translations, name), os.path.join(eval_dir, name))
-    json_files.write_json(os.path.join(run.workdir, RESULT_FILE), result, indent=1)  # last
-    restored.append(run.workdir)
+    for file_name in sorted(os.listdir(translations)) if os.path.isdir(translations) else []:
+      json_files.copy_file(os.path.join(translations, file_name), os.path.join(eval_dir, file_name))
+    json_files.write_json(os.path.join(workdir, RESULT_FILE), result, indent=1)  # last
+    restored.append(workdir)
   return restored

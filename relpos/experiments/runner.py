@@ -353,11 +353,12 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
       "another --output_dir"):
     runs = table_runs(table, task, rows, seeds, output_dir, order)
     if restore_from:
-      for workdir in results.restore_published(restore_from, runs, output_dir, table=table,
-                                               task=task):
+      for workdir in results.restore_published(restore_from, output_dir, table=table, task=task):
         print(
             f"relpos: {workdir} restored as finished from {restore_from} (its result and "
             "the test translations published with it, not its checkpoints).", flush=True)
+    if publish_to:
+      results.check_publish_keeps(publish_to, output_dir, table=table, task=task)
     _check_one_task(output_dir, task)
     pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed)
     prepare_data(pending, task, overrides)  # once, before any run starts
