@@ -36,7 +36,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(autouse=True, scope="session")
 def compilation_cache(tmp_path_factory: pytest.TempPathFactory):
-  """JAX's persistent compilation cache in a folder of the session, for this process and the
+  """JAX's persistent compilation cache in a folder of this test run, for this process and the
   programs the tests start: a program compiled once (the tiny config's train step, trained by
   many tests in this process and in child runs) is loaded, not compiled, the next time. The
   same programs: the same results, bitwise."""
@@ -56,7 +56,7 @@ def compilation_cache(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def environment(compilation_cache) -> dict[str, str]:  # pylint: disable=unused-argument,redefined-outer-name
-  """Environment of the training processes tests start (with the session's compilation cache:
+  """Environment of the training processes tests start (with the test run's compilation cache:
   `compilation_cache`)."""
   return dict(os.environ)
 
