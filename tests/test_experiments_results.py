@@ -1,6 +1,7 @@
 """Tests for relpos.experiments.results: reading a run's result.json, collecting a table's,
 and the workdir a result records (relative to the table's folder, or absolute in older ones);
 writing back published results (--restore_from)."""
+import json
 import os
 import re
 
@@ -65,3 +66,23 @@ def test_restore_from_a_file_that_is_not_a_results_json_is_refused_in_one_line(
     path.write_text(content)
   with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
     results.restore_published(str(path), str(tmp_path / "out"), table="ablation", task="synthetic")
+
+
+def test_restore_brings_back_every_table_of_the_folder_so_publishing_keeps_them(tmp_path):
+  """A folder (and so its published results.json) may hold several tables of one task: after a
+  loss, restoring one table brings back them all, and publishing there then drops none."""
+  run = lambda table, row: {
+      "table": table, "row": row, "seed": 0, "task": "synthetic", "scores": {}, "config": {},
+      "workdir": f"runs/synthetic-{table}-{row.replace('=', '')}-seed0"
+  }
+  published_dir = tmp_path / "published"
+  published_dir.mkdir()
+  published = published_dir / "results.json"
+  published.write_text(json.dumps({"runs": [run("ablation", "abs"), run("k_sweep", "k=2")]}))
+  lost = str(tmp_path / "lost")
+  with pytest.raises(ValueError, match="holds 2 finished runs that"):
+    results.check_publish_keeps(str(published_dir), lost, table="ablation", task="synthetic")
+  restored = results.restore_published(str(published), lost, table="ablation", task="synthetic")
+  assert [os.path.basename(w) for w in restored
+         ] == ["synthetic-ablation-abs-seed0", "synthetic-k_sweep-k2-seed0"]
+  results.check_publish_keeps(str(published_dir), lost, table="ablation", task="synthetic")

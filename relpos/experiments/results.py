@@ -239,10 +239,11 @@ def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: 
 
 
 def restore_published(published: str, output_dir: str, *, table: str, task: str) -> list[str]:
-  """Writes back the result.json of each run of `table` on `task` that `published` (a table's
+  """Writes back the result.json of each run of `task` that `published` (a table's
   results.json, e.g. the copy under docs/results/) holds finished and whose folder `output_dir`
   lacks, so a table whose output folder was lost goes on from its published runs instead of
-  training them again (and publishes them again, whichever rows it runs now).
+  training them again (and publishes them again, whichever rows it runs now; those of other
+  tables that shared the folder too, as `check_publish_keeps` expects).
 
   A restored result is the published one plus "restored": {"from": `published`, "at": UTC
   time, and for a run restored before, "earlier": [its earlier {"from", "at"}, oldest first]},
@@ -266,10 +267,8 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
   for published_result in read_published(published, "--restore_from", table=table, task=task):
     name = os.path.basename(published_result["workdir"])
     workdir = os.path.join(output_dir, RUNS_DIR, name)
-    if (published_result["table"], published_result["task"]) != (table, task):
-      continue  # a results.json may hold other tables of the task
-    if os.path.exists(workdir):
-      continue
+    if published_result["task"] != task or os.path.exists(workdir):
+      continue  # (a folder, and so its results.json, may hold several tables of one task)
     result = {**published_result, "workdir": relative_workdir(workdir)}
     result["restored"] = {"from": published, "at": now()}
     if earlier := published_result.get("restored"):  # lost before: each loss stays on record
