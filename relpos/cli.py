@@ -19,6 +19,7 @@ from relpos import distributed
 from relpos import fields
 from relpos import locks
 from relpos import prng
+from relpos import priority
 from relpos import source_tree
 from relpos import recorder
 from relpos import user_modules
@@ -205,7 +206,8 @@ def start(multihost: str = "") -> None:
   """A program's start-up: quiets library INFO logs and the warnings of QUIET_PACKAGES unless
   --verbosity was given, drops asyncio's reports of Orbax reads left unretrieved
   (`UnretrievedReadFilter`), compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
-  same bits in less time, `relpos.prng`), then joins a multi-process run.
+  same bits in less time, `relpos.prng`), gives a program started with `setsid nice` its
+  niceness against other sessions too (`relpos.priority`), then joins a multi-process run.
 
   Library logs (Orbax, TFDS, absl) would break the progress bar and drown the one line per run.
 
@@ -217,6 +219,7 @@ def start(multihost: str = "") -> None:
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
   python_logging.getLogger("asyncio").addFilter(UNRETRIEVED_READS)
   prng.lower_threefry_unrolled_on_cpu()
+  priority.lower_session_to_own_niceness()
   source_tree.commit()  # the code this process loaded: its runs record it
   distributed.initialize(multihost)
 
