@@ -5,10 +5,16 @@ Set JAX_PLATFORMS (e.g. to "" or "cuda") to run on an accelerator instead: tests
 """
 import json
 import os
+from collections.abc import Callable
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# XLA's CPU backend without LLVM's optimizations: the tests' programs are small and most run a
+# few times, so compiling costs more than running (the suite on 2 cores: -14%); what the
+# programs compute is the same, which the tests comparing in-process runs with train.py's in
+# child processes check bitwise. Children given their own device count keep it: `xla_flags`.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # As every program of relpos does at start-up (`relpos.cli`): a run trained in this process then
@@ -36,12 +42,17 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(autouse=True, scope="session")
 def compilation_cache(tmp_path_factory: pytest.TempPathFactory):
-  """JAX's persistent compilation cache in a folder of this test run, for this process and the
-  programs the tests start: a program compiled once (the tiny config's train step, trained by
-  many tests in this process and in child runs) is loaded, not compiled, the next time. The
-  same programs: the same results, bitwise."""
+  """JAX's persistent compilation cache in a folder of this test run, for this process, the
+  other workers of `pytest -n` and the programs the tests start: a program compiled once (the
+  tiny config's train step, trained by many tests in this process and in child runs) is
+  loaded, not compiled, the next time. The same programs: the same results, bitwise. (An entry
+  read while another process writes it fails to load and is compiled again: jax warns.)"""
   import jax  # pylint: disable=import-outside-toplevel
-  path = str(tmp_path_factory.mktemp("jax_cache"))
+  run_folder = tmp_path_factory.getbasetemp()
+  if "PYTEST_XDIST_WORKER" in os.environ:
+    run_folder = run_folder.parent  # the workers' folders lie in the run's
+  path = str(run_folder / "jax_cache")
+  os.makedirs(path, exist_ok=True)
   before = (jax.config.jax_compilation_cache_dir,
             jax.config.jax_persistent_cache_min_compile_time_secs)
   jax.config.update("jax_compilation_cache_dir", path)
@@ -59,6 +70,12 @@ def environment(compilation_cache) -> dict[str, str]:  # pylint: disable=unused-
   """Environment of the training processes tests start (with the test run's compilation cache:
   `compilation_cache`)."""
   return dict(os.environ)
+
+
+@pytest.fixture(scope="session")
+def xla_flags() -> Callable[[int], str]:
+  """XLA_FLAGS of a child process with `count` CPU devices, compiled as the tests' programs."""
+  return lambda count: f"--xla_force_host_platform_device_count={count} {FAST_COMPILE}"
 
 
 @pytest.fixture(scope="session")

@@ -182,15 +182,15 @@ print(json.dumps({"devices": jax.device_count(), "step": step, "params": params}
 """
 
 
-def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, environment, tmp_path):
+def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, environment, xla_flags,
+                                                       tmp_path):
   assert jax.device_count() == 4
   resumed, fresh = str(tmp_path / "resumed"), str(tmp_path / "fresh")
   shutil.copytree(reference, resumed)
   shutil.rmtree(os.path.join(checkpoints.checkpoint_dir(resumed), "30"))
   done = subprocess.run(
       [sys.executable, "-c", ON_ONE_DEVICE, ROOT, data_dir, reference, resumed, fresh],
-      capture_output=True, text=True, check=False,
-      env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+      capture_output=True, text=True, check=False, env={**environment, "XLA_FLAGS": xla_flags(1)})
   assert done.returncode == 0, done.stderr[-3000:]
   on_one = json.loads(done.stdout.strip().splitlines()[-1])
   expected = checkpoints.read_state(reference)

@@ -299,12 +299,10 @@ def _in_two_processes(data_dir: str, workdir: str, translating: str, output_dir:
   for attempt in (1, 2):
     address = f"localhost:{random.randrange(20000, 40000)}"
     processes = [
-        subprocess.Popen(
-            [
-                sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, translating,
-                output_dir, f"{address},2,{index}"
-            ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**environment, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+        subprocess.Popen([
+            sys.executable, "-c", IN_TWO_PROCESSES, ROOT, data_dir, workdir, translating,
+            output_dir, f"{address},2,{index}"
+        ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
         for index in range(2)
     ]
     outputs = [process.communicate(timeout=240) for process in processes]
@@ -318,8 +316,8 @@ def _in_two_processes(data_dir: str, workdir: str, translating: str, output_dir:
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, translating_run,
-                                                        tmp_path):
+def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, xla_flags,
+                                                        translating_run, tmp_path):
   workdir, reference = str(tmp_path / "two"), str(tmp_path / "one")
   train.train_and_evaluate(make_config(data_dir, TWO_PROCESS_RUN), reference)  # 4 devices
   translating = translating_run[1]
@@ -327,7 +325,7 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, t
                                           output_dir=str(tmp_path / "eval_one"))
   assert expected["bleu"] > 3.0  # translations to compare, not empty lines
   outputs = _in_two_processes(data_dir, workdir, translating, str(tmp_path / "eval_two"),
-                              environment)
+                              {**environment, "XLA_FLAGS": xla_flags(2)})  # 2 devices each
   results = [json.loads(stdout.strip().splitlines()[-1]) for stdout in outputs]
   assert sorted(os.listdir(os.path.join(checkpoints.checkpoint_dir(workdir), "4", "data"))) == [
       "commit_success.txt", "process_0-of-2.json", "process_1-of-2.json"
