@@ -1,4 +1,5 @@
 """Start-up shared by the command-line programs (train.py, eval.py, relpos.experiments.run)."""
+import asyncio
 import contextlib
 import logging as python_logging
 import os
@@ -81,6 +82,38 @@ class UnretrievedReadFilter(python_logging.Filter):
 
 
 UNRETRIEVED_READS = UnretrievedReadFilter()
+
+
+def is_failed_read_leftover(unraisable: "sys.UnraisableHookArgs") -> bool:
+  """Whether an exception Python could not raise (`sys.unraisablehook`) is left over from a
+  checkpoint read that failed and that relpos handled (`relpos.checkpoints.restore_newest`):
+  one of the sibling reads Orbax had started, closed unfinished (Orbax's coroutine wraps the
+  GeneratorExit that closes it in "Encountered error while reading array index"), or
+  tensorstore's answer to one arriving after Orbax closed their event loop (asyncio's "Event
+  loop is closed"). `eval.py` on a run whose newest checkpoint had lost its array files printed
+  2,500 lines of them, each with a tensorstore spec."""
+  error = unraisable.exc_value
+  files = [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
+  if isinstance(error, RuntimeError):
+    return (str(error) == "Event loop is closed" and
+            all(f"{os.sep}asyncio{os.sep}" in name for name in files))
+  closed = isinstance(error and error.__cause__, (GeneratorExit, asyncio.CancelledError))
+  return ((closed or _is_io_failure(error)) and
+          any(f"{os.sep}orbax{os.sep}" in name for name in files))
+
+
+def drop_failed_read_leftovers() -> None:
+  """Wraps `sys.unraisablehook` (once) so that it passes on all but `is_failed_read_leftover`."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_failed_read_leftovers", False):
+    return
+
+  def hook(unraisable: "sys.UnraisableHookArgs") -> None:
+    if not is_failed_read_leftover(unraisable):
+      previous(unraisable)
+
+  hook.drops_failed_read_leftovers = True
+  sys.unraisablehook = hook
 
 
 def define_multihost_flag() -> flags.FlagHolder:
@@ -205,7 +238,8 @@ def parse_flags(argv: list[str]) -> list[str]:
 def start(multihost: str = "") -> None:
   """A program's start-up: quiets library INFO logs and the warnings of QUIET_PACKAGES unless
   --verbosity was given, drops asyncio's reports of Orbax reads left unretrieved
-  (`UnretrievedReadFilter`), compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
+  (`UnretrievedReadFilter`) and Python's of their leftovers (`drop_failed_read_leftovers`),
+  compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
   same bits in less time, `relpos.prng`), gives a program started with `setsid nice` its
   niceness against other sessions too (`relpos.priority`), then joins a multi-process run.
 
@@ -218,6 +252,7 @@ def start(multihost: str = "") -> None:
     logging.set_verbosity(logging.WARNING)
     logging.get_absl_logger().addFilter(LIBRARY_NOISE)
   python_logging.getLogger("asyncio").addFilter(UNRETRIEVED_READS)
+  drop_failed_read_leftovers()
   prng.lower_threefry_unrolled_on_cpu()
   priority.lower_session_to_own_niceness()
   source_tree.commit()  # the code this process loaded: its runs record it

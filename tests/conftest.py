@@ -5,6 +5,7 @@ Set JAX_PLATFORMS (e.g. to "" or "cuda") to run on an accelerator instead: tests
 """
 import json
 import os
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +24,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from relpos import prng  # pylint: disable=wrong-import-position
 
 prng.lower_threefry_unrolled_on_cpu()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def failed_read_leftovers_dropped():
+  """As every program of relpos does at start-up (`relpos.cli.drop_failed_read_leftovers`): the
+  reads Orbax leaves behind when a test reads a damaged checkpoint are not reported, each with
+  its tensorstore spec, as unraisable exceptions of whichever test runs when they are collected.
+  """
+  from relpos import cli  # pylint: disable=import-outside-toplevel
+  previous = sys.unraisablehook
+  cli.drop_failed_read_leftovers()
+  yield
+  sys.unraisablehook = previous
 
 
 @pytest.fixture(autouse=True, scope="session")

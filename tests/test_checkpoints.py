@@ -134,6 +134,29 @@ def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir,
   assert os.path.isdir(newest)  # evaluation moves nothing
 
 
+def test_eval_py_past_a_damaged_checkpoint_prints_its_warnings_and_no_traceback(
+    reference, environment, tmp_path):
+  """The sibling reads Orbax had started printed 2,500 lines ("Exception ignored in: <coroutine
+  ...>", "Event loop is closed", each with a tensorstore spec): `cli.drop_failed_read_leftovers`.
+  """
+  workdir = str(tmp_path / "run")
+  newest, _ = damaged_copy(reference, workdir, "missing_array_files")
+  done = subprocess.run([
+      sys.executable,
+      os.path.join(ROOT, "eval.py"), f"--workdir={workdir}", "--split=validation",
+      "--checkpoint=latest", "--beam_size=1"
+  ], capture_output=True, text=True, check=False, env=environment)
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = [
+      line for line in done.stderr.replace("\r", "\n").splitlines()
+      if line.strip() and "sentence/s" not in line
+  ]
+  assert len(lines) == 2, lines
+  assert f"checkpoint {newest} is damaged: reading it failed: " in lines[0]
+  assert "Evaluating step 28: the newer checkpoints [30] are damaged." in lines[1]
+  assert json.loads(done.stdout)["step"] == 28
+
+
 def test_every_checkpoint_damaged_stops_naming_each(reference, data_dir, tmp_path):
   workdir = str(tmp_path / "run")
   shutil.copytree(reference, workdir)

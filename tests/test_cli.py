@@ -6,6 +6,7 @@ import logging as python_logging
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 from absl import app
@@ -155,6 +156,58 @@ def test_start_drops_asyncio_reports_of_orbax_reads_left_unretrieved(parsed_flag
   assert "never retrieved" not in caplog.text
   _unretrieved_read(tmp_path / "mine", source)  # not Orbax's: kept
   assert "Task exception was never retrieved" in caplog.text
+
+
+def _unraisable(error: BaseException, filename: str) -> types.SimpleNamespace:
+  """What Python hands `sys.unraisablehook` for `error` raised in a function of `filename`."""
+  namespace = {}
+  exec(compile("def fail(e):\n  raise e\n", filename, "exec"), namespace)  # pylint: disable=exec-used
+  try:
+    namespace["fail"](error)
+  except BaseException as e:  # pylint: disable=broad-exception-caught
+    return types.SimpleNamespace(
+        exc_type=type(e),
+        exc_value=e,
+        exc_traceback=e.__traceback__.tb_next,  # fail's frame alone
+        err_msg=None,
+        object=None)
+  raise AssertionError("not raised")
+
+
+def _closed_read() -> Exception:
+  try:
+    raise GeneratorExit
+  except BaseException as e:  # pylint: disable=broad-exception-caught
+    wrapped = Exception("Encountered error while reading array index: (slice(0, 64, 1),)")
+    wrapped.__cause__ = e
+    return wrapped
+
+
+ORBAX_FILE = f"{os.sep}site-packages{os.sep}orbax{os.sep}checkpoint{os.sep}serialization.py"
+ASYNCIO_FILE = f"{os.sep}lib{os.sep}asyncio{os.sep}base_events.py"
+
+
+def test_start_drops_python_reports_of_a_failed_reads_leftovers_and_passes_on_others(
+    parsed_flags, monkeypatch):
+  reported = []
+  monkeypatch.setattr(sys, "unraisablehook", reported.append)
+  cli.start("")
+  cli.start("")  # wrapped once
+  leftovers = [
+      _unraisable(_closed_read(), ORBAX_FILE),
+      _unraisable(RuntimeError("Event loop is closed"), ASYNCIO_FILE),
+      _unraisable(Exception("Encountered error"), ORBAX_FILE),
+  ]
+  leftovers[2].exc_value.__cause__ = ValueError("NOT_FOUND: Error opening \"zarr3\" driver")
+  others = [
+      _unraisable(_closed_read(), f"{os.sep}mine{os.sep}reader.py"),  # not Orbax's
+      _unraisable(RuntimeError("Event loop is closed"), f"{os.sep}mine{os.sep}loop.py"),
+      _unraisable(RuntimeError("something else"), ASYNCIO_FILE),
+      _unraisable(KeyError("x"), ORBAX_FILE),
+  ]
+  for unraisable in leftovers + others:
+    sys.unraisablehook(unraisable)
+  assert reported == others
 
 
 def test_start_keeps_an_explicit_verbosity(parsed_flags):
