@@ -239,9 +239,9 @@ def start(multihost: str = "") -> None:
   """A program's start-up: quiets library INFO logs and the warnings of QUIET_PACKAGES unless
   --verbosity was given, drops asyncio's reports of Orbax reads left unretrieved
   (`UnretrievedReadFilter`) and Python's of their leftovers (`drop_failed_read_leftovers`),
-  compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the
-  same bits in less time, `relpos.prng`), gives a program started with `setsid nice` its
-  niceness against other sessions too (`relpos.priority`), then joins a multi-process run.
+  compiles jax.random's Threefry hash unrolled on CPU (dropout masks: the same bits in less
+  time, `relpos.prng`), gives a program started with `setsid nice` its niceness against other
+  sessions too (`relpos.priority`), then joins a multi-process run.
 
   Library logs (Orbax, TFDS, absl) would break the progress bar and drown the one line per run.
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 
 # XLA's CPU backend without LLVM's optimizations: the tests' programs are small and most run a
-# few times, so compiling costs more than running (the suite on 2 cores: -14%); what the
-# programs compute is the same, which the tests comparing in-process runs with train.py's in
-# child processes check bitwise. Children given their own device count keep it: `xla_flags`.
+# few times, so compiling costs more than running (tests/test_kernels.py and test_model.py on 2
+# cores: 156 s -> 135 s). Child processes given their own device count keep it (`xla_flags`):
+# their programs compare bitwise with this process's.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count=4 {FAST_COMPILE}")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
