@@ -7,7 +7,9 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
+import jax
 import tiny_table
 from relpos.experiments import children
 from relpos.experiments import runner
@@ -111,6 +113,20 @@ child = children.start(run, [sys.executable, "-c", "import time; time.sleep(60)"
 print("child", child.pid, flush=True)
 time.sleep(60)
 """
+
+
+def test_a_child_starts_without_jaxs_fork_warning(tmp_path):
+  """With JAX's threads running, a tie set between fork and exec made JAX warn "os.fork() was
+  called ... will likely lead to a deadlock" at every child's start."""
+  assert jax.devices()  # JAX's backend (and its fork warning) set up in this process
+  run = runner.Run("ablation", "abs", 0, str(tmp_path / "w"))
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    child = children.start(run, [sys.executable, "-c", "print('ran', flush=True)"], {})
+    assert child.wait(timeout=30) == 0
+  assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
+  with open(run.log, encoding="utf-8") as log:
+    assert log.read().splitlines()[-1] == "ran"
 
 
 def test_a_child_dies_with_its_table_killed_outright(tmp_path):

@@ -2,14 +2,13 @@
 
 Each child runs one command with its output appended to its run's log, in a session of its own
 (a terminal's Ctrl-C reaches only the table, which stops the children so that they save), and
-tied to the table from before it starts (`PR_SET_PDEATHSIG` between fork and exec): a table
-killed outright leaves no run training. SIGINT or SIGTERM to the table stops the children (each
-saves a checkpoint); a second one kills them.
+tied to the table before the command starts (`PR_SET_PDEATHSIG`, `relpos.experiments.tied`): a
+table killed outright leaves no run training. SIGINT or SIGTERM to the table stops the children
+(each saves a checkpoint); a second one kills them.
 
 A run is any object with `name` (str) and `log` (the file its child writes to).
 """
 
-import ctypes
 import os
 import shlex
 import signal
@@ -20,12 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relpos import preemption
+from relpos.experiments import tied
 
 # The share of the accelerator's memory the children split evenly.
 MEMORY_FRACTION = 0.9
 POLL_SECONDS = 0.5
-_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-_PRCTL = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None
 
 
 def environment(parallel: int, source_root: str) -> dict[str, str]:
@@ -43,24 +41,16 @@ def environment(parallel: int, source_root: str) -> dict[str, str]:
   return env
 
 
-def _exit_with(parent: int) -> None:
-  """In a child between fork and exec (Linux): the kernel sends it SIGTERM (it saves and
-  exits) when `parent` ends, however it ends; it exits at once when `parent` already has."""
-  _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  if os.getppid() != parent:
-    os._exit(1)
-
-
 def start(run: Any, command: list[str], env: dict[str, str]) -> subprocess.Popen:
   """Starts `command` as `run`'s child process (see the module docstring)."""
   os.makedirs(os.path.dirname(run.log), exist_ok=True)
-  tie = (lambda parent=os.getpid(): _exit_with(parent)) if _PRCTL is not None else None
   with open(run.log, "a", encoding="utf-8") as log:
     log.write(f"relpos: {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(command)}\n")
     log.flush()
+    if sys.platform.startswith("linux"):  # the kernel's tie exists there only
+      command = [sys.executable, tied.__file__, str(os.getpid()), *command]
     process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                               stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                               preexec_fn=tie)
+                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
   print(f"relpos: started {run.name} (log: {run.log})", flush=True)
   return process
 
