@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import traceback
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -48,6 +49,12 @@ def _is_io_failure(error: BaseException | None) -> bool:
   return False
 
 
+def _raised_in(package: str, trace: types.TracebackType | None) -> bool:
+  """Whether a frame of `trace` is in a file of the installed `package` (a folder of that name)."""
+  return any(
+      f"{os.sep}{package}{os.sep}" in frame.filename for frame in traceback.extract_tb(trace))
+
+
 class LibraryNoiseFilter(python_logging.Filter):
   """Drops records below ERROR logged from a module of QUIET_PACKAGES, and Orbax's records of
   an OSError or ValueError with its traceback: a failed background save, which Orbax logs from
@@ -77,8 +84,7 @@ class UnretrievedReadFilter(python_logging.Filter):
     if not (_is_io_failure(error) and
             str(record.msg).startswith("Task exception was never retrieved")):
       return True
-    files = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
-    return not any(f"{os.sep}orbax{os.sep}" in name for name in files)
+    return not _raised_in("orbax", error.__traceback__)
 
 
 UNRETRIEVED_READS = UnretrievedReadFilter()
@@ -92,14 +98,12 @@ def is_failed_read_leftover(unraisable: "sys.UnraisableHookArgs") -> bool:
   tensorstore's answer to one arriving after Orbax closed their event loop (asyncio's "Event
   loop is closed"). `eval.py` on a run whose newest checkpoint had lost its array files printed
   2,500 lines of them, each with a tensorstore spec."""
-  error = unraisable.exc_value
-  files = [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
+  error, trace = unraisable.exc_value, unraisable.exc_traceback
   if isinstance(error, RuntimeError):
-    return (str(error) == "Event loop is closed" and
-            all(f"{os.sep}asyncio{os.sep}" in name for name in files))
+    return (str(error) == "Event loop is closed" and all(
+        f"{os.sep}asyncio{os.sep}" in frame.filename for frame in traceback.extract_tb(trace)))
   closed = isinstance(error and error.__cause__, (GeneratorExit, asyncio.CancelledError))
-  return ((closed or _is_io_failure(error)) and
-          any(f"{os.sep}orbax{os.sep}" in name for name in files))
+  return (closed or _is_io_failure(error)) and _raised_in("orbax", trace)
 
 
 def drop_failed_read_leftovers() -> None:
