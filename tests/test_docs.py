@@ -1,5 +1,6 @@
-"""README.md and docs/: links and anchors resolve, commands name files that exist, and the
-README's results tables equal the committed tables they come from (tools/readme_tables.py)."""
+"""README.md and docs/: links and anchors resolve, commands name files that exist, the README's
+results tables equal the committed tables they come from (tools/readme_tables.py), and
+docs/layout.md names every module."""
 import pathlib
 import re
 import unicodedata
@@ -130,3 +131,28 @@ def test_committed_tables_rebuild_from_their_results(folder, tmp_path):
   report.write_table(str(results / "results.json"), str(tmp_path / "table.md"))
   assert ((tmp_path / "table.md").read_text(encoding="utf-8") == (results / "table.md").read_text(
       encoding="utf-8")), (f"rebuild {results}/table.md: relpos.experiments.report.write_table")
+
+
+def _modules() -> list[pathlib.Path]:
+  """Every module of the library, the benchmarks and the tools (not package __init__ files)."""
+  return [
+      path for folder in ("relpos", "benchmarks", "tools")
+      for path in sorted((ROOT / folder).rglob("*.py")) if path.name != "__init__.py"
+  ]
+
+
+def test_layout_page_names_every_module_and_no_other():
+  text = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+  named = set(re.findall(r"\b(\w+\.py)\b", text))
+  variants = re.search(r"variant: ([\w, ]+)", text).group(1).split(", ")
+  missing = [
+      str(path.relative_to(ROOT))
+      for path in _modules()
+      if path.name not in named and not (path.parent.name == "variants" and path.stem in variants)
+  ]
+  assert not missing, "docs/layout.md does not name " + ", ".join(missing)
+  existing = {path.name for path in _modules()} | {"train.py", "eval.py"}
+  existing |= {
+      path.name for folder in ("configs", "examples") for path in (ROOT / folder).glob("*.py")
+  }
+  assert not named - existing, f"docs/layout.md names no longer existing {named - existing}"
