@@ -1,7 +1,8 @@
 """Tests for relpos.checkpoints: restoring only checkpoints that fit the config (another
 architecture or process count is named in one line, nothing written), damaged checkpoints
 skipped, set aside and named, a checkpoint vanishing while read, and checkpoints moved between
-device layouts. The run is tests/kill_run.py's (its workdir: the `reference` fixture)."""
+device layouts. The run is tests/kill_run.py's (its workdir: the `reference` fixture); a run
+saved by an earlier commit (tests/saved_run.py) restores, computes and resumes as it did."""
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from relpos import run_config
 from relpos import train
 from relpos import workdir_files
 from kill_run import KILL_RUN, ROOT, assert_same_run, make_config
+import saved_run
 
 
 def test_other_architecture_names_first_differing_parameter(reference, data_dir, tmp_path):
@@ -242,3 +244,20 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
 
 # Unpacked batches (length buckets) with dropout: what a process takes of each global batch
 # decides its rows' dropout masks, so only contiguous rows make two processes train as one.
+
+
+def test_a_run_saved_by_an_earlier_commit_restores_computes_and_resumes_as_it_did(
+    data_dir, tmp_path):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(saved_run.FOLDER, workdir, ignore=shutil.ignore_patterns("expected.json"))
+  with open(os.path.join(saved_run.FOLDER, "expected.json"), encoding="utf-8") as f:
+    expected = json.load(f)
+  config = run_config.replace(run_config.load(workdir), {"task.tfds_data_dir": data_dir})
+  model, step = evaluate.restore_model(workdir, config, "latest", device_mesh.make_mesh())
+  assert step == saved_run.RESTORED_STEP
+  np.testing.assert_allclose(saved_run.logits(model), expected["logits"], rtol=1e-4, atol=1e-5)
+  assert train.train_and_evaluate(config, workdir)["step"] == saved_run.NUM_STEPS
+  resumed = saved_run.train_losses(metrics_writer.read_metrics(workdir), saved_run.RESTORED_STEP)
+  assert resumed == pytest.approx(expected["train_loss"], rel=1e-4)
+  # The resume is the one recorded start, at the saved step.
+  assert [s["step"] for s in metrics_writer.read_starts(workdir)] == [saved_run.RESTORED_STEP]
