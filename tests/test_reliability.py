@@ -1,5 +1,5 @@
-"""Reliability of training (issue 7): exact resume after SIGKILL, SIGTERM and SIGINT, atomic
-checkpoint writes, a full disk, the non-finite guard, resuming with another tokenizer or
+"""Reliability of training (docs/reliability.md): exact resume after SIGKILL, SIGTERM and SIGINT,
+atomic checkpoint writes, a full disk, the non-finite guard, resuming with another tokenizer or
 position variant refused, one run per workdir, and two processes training as one (checkpoints
 that do not fit, damaged or moved between device layouts: tests/test_checkpoints.py)."""
 import json

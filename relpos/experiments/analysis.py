@@ -14,7 +14,7 @@ encoder layer (self-attention, averaged over heads, sentences and query tokens):
 
 `attention_profile` measures, per encoder layer, how spread out each query's attention is
 ("entropy_by_query", in nats, by query position) and the offset profile above; the runner
-computes it on short (test) and long (test_long) sources beside each other (issue #27).
+computes it on short (test) and long (test_long) sources beside each other (docs/length.md).
 
 The runner stores these in each run's result.json, so `plot_learned_positions` draws from
 results.json alone.

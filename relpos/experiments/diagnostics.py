@@ -1,4 +1,5 @@
-"""Why translations of longer sentences fail: length diagnostics of a restored model (#27).
+"""Why translations of longer sentences fail: length diagnostics of a restored model
+(docs/length.md).
 
 Computed by `relpos.experiments.single_run.evaluate_run` on every held-out split of a run's task
 and stored in its result.json (results schema 5):

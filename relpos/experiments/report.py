@@ -41,7 +41,7 @@ with one run per (table, row, seed), each also holding the "environment" (versio
        "normalized_entropy": [layer], "attention_by_offset", "offsets", "count_by_query",
        "mean_length"}}}
 
-The `length` table (issue #27) shows test and test_long BLEU beside test_long BLEU at the
+The `length` table (docs/length.md) shows test and test_long BLEU beside test_long BLEU at the
 references' lengths (oracle length) and the test_long length ratio, with its own findings
 (`relpos.experiments.verdicts.length_findings`).
 """

@@ -4,8 +4,8 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
       --output_dir=runs/ablation_synthetic
   python -m relpos.experiments.run --table=k_sweep --task=synthetic --seeds=3 \
       --output_dir=runs/k_sweep_synthetic
-  # why longer sentences fail (#27): test_long beside oracle-length decoding and the length
-  # ratio, for the main variants and the length-extrapolation interventions
+  # why longer sentences fail (docs/length.md): test_long beside oracle-length decoding and
+  # the length ratio, for the main variants and the length-extrapolation interventions
   python -m relpos.experiments.run --table=length --task=synthetic --seeds=3 \
       --output_dir=runs/length_synthetic
   # a reduced budget on every run (any config field, as train.py takes it):

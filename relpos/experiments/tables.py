@@ -36,7 +36,7 @@ ROWS: dict[str, dict[str, object]] = {
     },
     "rope": {"position": "rope", "add_absolute": False},
     "alibi": {"position": "alibi", "add_absolute": False},
-    # Length extrapolation (issue #27). SHAPE's shift and randomized positions' range and
+    # Length extrapolation (docs/length.md). SHAPE's shift and randomized positions' range and
     # evaluation stride were chosen by validation BLEU on the synthetic task (seed 0, 1,000 steps;
     # docs/results.md): the papers' values (K = 500; L = 2048 at stride 1) train to 36.6 and
     # 23.5 BLEU on test there. (L = 256 is below wmt14's model.max_len = 512: set it there.)
@@ -64,7 +64,7 @@ ROW_FIELDS: dict[str, dict[str, object]] = {
 # The rows of the ablation table when none are named: Shaw et al.'s and the later position
 # methods. Every row of ROWS can be named (--rows), e.g. the length-extrapolation ones.
 ABLATION_ROWS = ("abs", "rel_kv", "rel_k", "rel_v", "none", "t5", "abs_rel_kv", "rope", "alibi")
-# The rows of the length table (issue #27): the main variants, then the interventions for
+# The rows of the length table (docs/length.md): the main variants, then the interventions for
 # length extrapolation, each beside the row it changes (`LENGTH_BASES`).
 LENGTH_ROWS = ("abs", "rel_kv", "t5", "rope", "alibi", "fire", "shape", "randomized",
                "rel_kv_concat")
