@@ -213,6 +213,32 @@ def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDic
                 train_config.eval_every_steps == 0 or s == train_config.num_steps)
 
 
+def averaged_steps(workdir: str, steps: Sequence[int], train_config: ml_collections.ConfigDict,
+                   count: int) -> list[int]:
+  """The steps "average:`count`" averages: the last `count` of the checkpoint schedule
+  (`scheduled_steps`) up to the newest scheduled checkpoint of `steps`, the checkpoints held.
+
+  Raises:
+    FileNotFoundError: the run has not saved `count` on schedule yet, or one of them is not
+      held (fewer kept, or an older best checkpoint kept in their place), naming the missing
+      steps: an average of the others would not be the one asked for.
+  """
+  held = scheduled_steps(steps, train_config)
+  newest = held[-1] if held else 0
+  schedule = scheduled_steps(range(1, newest + 1), train_config)[-count:]
+  missing = sorted(set(schedule) - set(held))
+  if len(schedule) < count:
+    raise FileNotFoundError(
+        f"checkpoint=average:{count}: the run in {workdir} has saved {len(schedule)} checkpoints "
+        f"on schedule up to its newest, step {newest}; average fewer.")
+  if missing:
+    raise FileNotFoundError(
+        f"checkpoint=average:{count}: {workdir} lacks steps {missing} of the last {count} "
+        f"checkpoints saved on schedule up to step {newest} (it holds {held}); keep more with "
+        f"train.keep_checkpoints.")
+  return schedule
+
+
 def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | int,
                   mesh: Mesh) -> tuple[nnx.Module, int]:
   """The model saved in `workdir` at `checkpoint`, and its step.
@@ -236,13 +262,9 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
     average = _average_count(checkpoint)
     if average is not None:
       checkpoints.resolve_step(manager, "latest")  # says so when no checkpoint is ready
-      steps = scheduled_steps(manager.all_steps(), config.train)
-      if len(steps) < average:
-        raise FileNotFoundError(f"checkpoint={checkpoint!r}: {workdir} holds {len(steps)} "
-                                f"checkpoints saved on schedule ({steps}); keep more with "
-                                f"train.keep_checkpoints.")
-      logging.info("Averaging the parameters of steps %s.", steps[-average:])
-      return average_parameters([restore_step(s) for s in steps[-average:]]), steps[-1]
+      steps = averaged_steps(workdir, manager.all_steps(), config.train, average)
+      logging.info("Averaging the parameters of steps %s.", steps)
+      return average_parameters([restore_step(s) for s in steps]), steps[-1]
     if checkpoint != "latest":
       step = checkpoints.resolve_step(manager, checkpoint)
       return restore_step(step), step

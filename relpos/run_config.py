@@ -189,7 +189,8 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _check_between(sections: dict[str, dict[str, Any]],
                    model: model_config.TransformerConfig) -> None:
-  """Rules between fields: ranges given as (min, max), lengths against model.max_len."""
+  """Rules between fields: ranges given as (min, max), lengths against model.max_len, an
+  average of checkpoints against how many are kept."""
   synthetic = sections["task.synthetic"]
   for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
     if synthetic[low] > synthetic[high]:
@@ -199,6 +200,14 @@ def _check_between(sections: dict[str, dict[str, Any]],
     if sections[section][name] > model.max_len:
       raise ValueError(f"config field {section}.{name}={sections[section][name]} must be <= "
                        f"model.max_len={model.max_len}.")
+  decode, keep = sections["decode"], sections["train"]["keep_checkpoints"]
+  for name, choices in (("checkpoint", decode["checkpoint"]), ("other_checkpoints",
+                                                               decode["other_checkpoints"])):
+    for choice in choices.split(","):
+      chosen = CHECKPOINT_CHOICE.fullmatch(choice)
+      if chosen and chosen.group(1) and int(chosen.group(1)) > keep:
+        raise ValueError(f"config field decode.{name}={choices!r} averages more checkpoints "
+                         f"than train.keep_checkpoints={keep} keeps.")
 
 
 def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig:

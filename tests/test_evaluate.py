@@ -220,9 +220,14 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
   result = evaluate.evaluate_checkpoint(workdir, checkpoint="average:2", split="validation",
                                         output_dir=str(tmp_path))
   assert result["checkpoint"] == "average:2" and result["step"] == 400
-  with pytest.raises(FileNotFoundError,
-                     match=r"holds \d checkpoints saved on schedule.*train\.keep_checkpoints"):
+  with pytest.raises(
+      FileNotFoundError, match=r"average:9: the run in .* has saved 4 checkpoints "
+      r"on schedule up to its newest, step 400; average fewer\."):
     evaluate.restore_model(workdir, validated, "average:9", mesh)
+  with pytest.raises(
+      FileNotFoundError, match=r"average:3: .* lacks steps \[200\] of the last 3 "
+      r"checkpoints saved on schedule up to step 400 \(it holds \[300, 400\]\)"):
+    evaluate.restore_model(workdir, validated, "average:3", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
     evaluate.restore_model(workdir, validated, "average:1", mesh)
 
@@ -237,6 +242,22 @@ def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
                                   train_config) == [500, 600, 700, 1000, 1050]
   train_config.checkpoint_every_steps = 300
   assert evaluate.scheduled_steps([300, 500, 552, 600], train_config) == [300, 500, 600]
+
+
+def test_average_is_of_the_last_checkpoints_on_schedule_or_refused():
+  """The best checkpoint is kept beside the newest ones: an old best is not averaged in the
+  place of a step that was not kept."""
+  train_config = ml_collections.ConfigDict(
+      {"checkpoint_every_steps": 100, "eval_every_steps": 100, "num_steps": 600})
+  assert evaluate.averaged_steps("w", [200, 500, 600], train_config, 2) == [500, 600]
+  with pytest.raises(
+      FileNotFoundError, match=r"w lacks steps \[400\] of the last 3 checkpoints "
+      r"saved on schedule up to step 600 \(it holds \[200, 500, 600\]\)"):
+    evaluate.averaged_steps("w", [200, 500, 600], train_config, 3)
+  # A checkpoint saved on SIGTERM is left out; the newest on schedule ends the average.
+  assert evaluate.averaged_steps("w", [400, 500, 552, 600, 601], train_config, 3) == [400, 500, 600]
+  with pytest.raises(FileNotFoundError, match="has saved 0 checkpoints on schedule"):
+    evaluate.averaged_steps("w", [552], train_config, 2)
 
 
 def test_output_names_say_what_was_evaluated():

@@ -115,6 +115,15 @@ def test_cross_field_rules():
   config.decode.max_decode_len = 300
   with pytest.raises(ValueError, match="decode.max_decode_len=300 must be <= model.max_len=256"):
     run_config.validate(config)
+  for name, value in (("checkpoint", "average:3"), ("other_checkpoints", "latest,average:10")):
+    config = default.get_config()
+    config.decode[name] = value
+    with pytest.raises(
+        ValueError, match=f"decode.{name}='{value}' averages more checkpoints "
+        r"than train.keep_checkpoints=2 keeps\."):
+      run_config.validate(config)
+    config.train.keep_checkpoints = 10
+    run_config.validate(config)
 
 
 def test_unknown_and_missing_fields():
