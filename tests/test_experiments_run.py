@@ -11,7 +11,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_experiments_list_names_tables_rows_and_tasks():
+def test_experiments_list_names_tables_rows_tasks_and_variants_with_their_fields():
   done = subprocess.run([sys.executable, "-m", "relpos.experiments.run", "--list"], cwd=ROOT,
                         capture_output=True, text=True, check=True)
   lines = done.stdout.strip().splitlines()
@@ -21,6 +21,17 @@ def test_experiments_list_names_tables_rows_and_tasks():
   assert lines[2] == ("table length: abs, rel_kv, t5, rope, alibi, fire, shape, randomized, "
                       "rel_kv_concat (with --rows also: rel_k, rel_v, none, abs_rel_kv)")
   assert lines[3] == "tasks: synthetic, multi30k, multi30k_gpu, tiny, wmt14"
+  assert lines[4] == "position variants (model.position), their fields:"
+  variants = lines[5:]
+  assert variants[:3] == [
+      "  none: no fields", "  absolute",
+      "    model.absolute_type='sinusoidal': sinusoidal | t2t_timing_signal | learned"
+  ]
+  assert "    model.max_relative_position=16: k: distances clipped to [-k, k]" in variants
+  assert [line.strip() for line in variants if not line.startswith("    ")] == [
+      "none: no fields", "absolute", "relative", "t5", "rope", "alibi: no fields", "fire", "shape",
+      "randomized"
+  ]
 
 
 def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):

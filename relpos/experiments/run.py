@@ -12,7 +12,7 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
   python -m relpos.experiments.run --table=ablation --rows=abs,rel_kv,none --task=multi30k \
       --config.train.num_steps=2000 --output_dir=runs/ablation_multi30k
   # any k: python -m relpos.experiments.run --table=k_sweep --rows=k=3,k=8 ...
-  python -m relpos.experiments.run --list     # the tables, their rows and the tasks
+  python -m relpos.experiments.run --list     # the tables, their rows, the tasks, the variants
   # a position variant of your own (a module registering it) as a row of the ablation table:
   python -m relpos.experiments.run --import=my_variant.py --rows=abs,rel_kv,my_variant ...
   # four runs at once on one accelerator, each a process with a quarter of 90% of its memory:
@@ -43,6 +43,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from relpos import cli
+from relpos import variants
 from relpos.experiments import children
 from relpos.experiments import runner
 from relpos.experiments import status
@@ -84,11 +85,13 @@ _PUBLISH_TO = flags.DEFINE_string(
     "publish_to", None, "A folder to copy results.json, table.md, the plots and each finished "
     "run's test translations into after every finished run (e.g. docs/results/<table>, to "
     "commit): what --restore_from reads back if --output_dir is lost.")
-_LIST = flags.DEFINE_bool("list", False, "List the tables, their rows and the tasks, and exit.")
+_LIST = flags.DEFINE_bool(
+    "list", False, "List the tables, their rows, the tasks, and the position variants "
+    "(model.position) with their fields, and exit.")
 _STATUS = flags.DEFINE_bool(
     "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
-    "state, step, newest checkpoint, last validation and test BLEU) and exit: the table's own "
-    "command with --status added, safe while it runs.")
+    "state, step, newest checkpoint, best validation BLEU, test BLEU and training time left) "
+    "and exit: the table's own command with --status added, safe while it runs.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
@@ -96,9 +99,18 @@ _PARALLEL = flags.DEFINE_integer(
 
 
 def listing() -> str:
-  """The tables with their rows, and the tasks, one per line."""
+  """The tables with their rows, and the tasks, one per line; then each position variant with
+  its fields (with --import, the user's too), one field per line: model.<name>=<default> and
+  its doc."""
   lines = [f"table {table}: {tables.rows_text(table)}" for table in tables.TABLES]
-  return "\n".join(lines + [f"tasks: {', '.join(tables.TASKS)}"])
+  lines += [
+      f"tasks: {', '.join(tables.TASKS)}", "position variants (model.position), their fields:"
+  ]
+  for name in variants.names():
+    own = variants.get(name).fields.items()
+    lines += [f"  {name}" + ("" if own else ": no fields")]
+    lines += [f"    model.{field}={spec.default!r}: {spec.doc}" for field, spec in own]
+  return "\n".join(lines)
 
 
 def overrides() -> dict[str, object]:

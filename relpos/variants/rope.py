@@ -26,7 +26,11 @@ class Rotary(interface.AttentionPosition):
 @interface.register("rope")
 class Rope(interface.Variant):
   """Rotary embeddings in encoder and decoder self-attention."""
-  fields = {"rope_base": fields.Field(10000.0, fields.number(0.0, open_min=True), "the base")}
+  fields = {
+      "rope_base": fields.Field(
+          10000.0, fields.number(0.0, open_min=True),
+          "the base b: dimension pair i of d turns by b^(-2i/d) per position")
+  }
 
   @classmethod
   def check(cls, config) -> None:
