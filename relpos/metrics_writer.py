@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import tensorboardX
 
+from relpos import json_files
 from relpos import workdir_files
 
 # The fields of a record that are timings (train steps per second, a validation's seconds, the
@@ -176,8 +177,9 @@ class MetricsWriter:
     if not self._active:
       return
     kept = [r for r in read_metrics(workdir) if r["step"] <= resume_step]
-    with open(self._path, "w", encoding="utf-8") as f:
-      f.writelines(json.dumps(r) + "\n" for r in kept)
+    # Whole or not at all: a kill here leaves the old history, never an empty or partial one
+    # (the validation curve, early stopping's count and the run's seconds come from it).
+    json_files.write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
     self._tensorboard = tensorboardX.SummaryWriter(
         os.path.join(workdir, workdir_files.TENSORBOARD_DIR),
         purge_step=resume_step + 1 if resume_step else None)

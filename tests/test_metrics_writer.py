@@ -90,3 +90,19 @@ def test_writer_drops_records_past_the_resume_step_and_writes_strict_json(tmp_pa
   assert [json.loads(line) for line in lines] == [{"step": 1, "split": "train", "loss": 1.0},
                                                   {"step": 2, "split": "train", "loss": 2.0},
                                                   {"step": 3, "split": "train", "loss": None}]
+
+
+def test_a_start_killed_while_dropping_records_keeps_the_history(tmp_path, monkeypatch):
+  with metrics_writer.MetricsWriter(str(tmp_path), resume_step=0) as writer:
+    for step in (1, 2, 3):
+      writer.write(step, "train", {"loss": float(step)})
+  before = (tmp_path / "metrics.jsonl").read_text()
+
+  def killed(*_):
+    raise KeyboardInterrupt  # as a signal arriving between writing and renaming
+
+  monkeypatch.setattr(metrics_writer.json_files.os, "replace", killed)
+  with pytest.raises(KeyboardInterrupt):
+    metrics_writer.MetricsWriter(str(tmp_path), resume_step=2)
+  assert (tmp_path / "metrics.jsonl").read_text() == before
+  assert not (tmp_path / "metrics.jsonl.tmp").exists()
