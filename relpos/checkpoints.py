@@ -89,6 +89,16 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp
   return ocp.CheckpointManager(directory, item_handlers=handlers, options=options)
 
 
+def newest_step(workdir: str) -> int | None:
+  """The step of the newest checkpoint in `workdir` as training and evaluation list them (a
+  read-only `make_manager`: a save in flight is not one, nothing is created), or None."""
+  manager = make_manager(workdir, read_only=True)
+  try:
+    return max(manager.all_steps(), default=None)
+  finally:
+    manager.close()
+
+
 def _is_key(x: Any) -> bool:
   return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
 

@@ -143,6 +143,10 @@ def initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,
   step, state, damaged = checkpoints.restore_newest(
       manager, lambda s: checkpoints.restore(manager, s, abstract, train_iterator))
   checkpoints.set_aside(manager, damaged)
+  if step > config.train.num_steps:  # nothing to train, and its result would not be that run's
+    raise ValueError(f"{manager.directory} holds step {step}, past train.num_steps="
+                     f"{config.train.num_steps}: resume with train.num_steps >= {step}, or "
+                     "train in a new --workdir.")
   logging.warning("Resuming from step %d (%s).", step, manager.directory)
   return state
 

@@ -286,6 +286,27 @@ def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work
                    overrides={**overrides, "train.log_every_steps": 1, "train.keep_checkpoints": 3})
 
 
+def test_an_unfinished_run_started_with_another_config_stops_the_table_before_any_work(
+    finished_table, tmp_path, monkeypatch):
+  """Resumed with another learning rate, it would be neither run, and its result.json would
+  name only the second config."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  workdir = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0")
+  os.remove(os.path.join(workdir, "result.json"))  # stopped before its final evaluation
+  with open(os.path.join(workdir, "config.json")) as f:
+    rate = json.load(f)["train"]["learning_rate"]
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{workdir}/config.json was started with train.learning_rate={rate!r}, not the 0.5 "
+          "asked: pass --retrain_changed")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir, rows=["abs"],
+                     overrides={**overrides, "train.learning_rate": 0.5})
+  assert runner.pending_runs(runner.table_runs("ablation", "synthetic", ["abs"], [0], output_dir),
+                             task="synthetic", overrides={**overrides, "train.log_every_steps": 1},
+                             retrain_changed=False)  # resumes it
+
+
 def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_table, tmp_path):
   output_dir, overrides = _copy_table(finished_table, tmp_path)
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,

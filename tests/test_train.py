@@ -1,6 +1,7 @@
 """Training (relpos.train): tiny end-to-end runs, resuming, early stopping, errors before work."""
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -79,6 +80,20 @@ def test_restarted_run_continues_from_its_checkpoint(trained, tmp_path):
   uninterrupted = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
   assert metrics_writer.without_timing(uninterrupted) == metrics_writer.without_timing(
       [r for r in records if r["split"] == "train"])
+
+
+def test_resuming_past_the_budget_stops_naming_the_step(trained, tmp_path):
+  config, workdir, _ = trained
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  config_json = open(os.path.join(copy, "config.json")).read()
+  shorter = tiny_config(config.task.tfds_data_dir, num_steps=8)
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{copy}/checkpoints holds step {NUM_STEPS}, past train.num_steps=8: resume with "
+          f"train.num_steps >= {NUM_STEPS}, or train in a new --workdir.")):
+    train.train_and_evaluate(shorter, copy)
+  assert open(os.path.join(copy, "config.json")).read() == config_json
 
 
 def test_invalid_config_stops_before_any_work(data_dir, tmp_path):

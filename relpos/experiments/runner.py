@@ -34,11 +34,13 @@ from typing import Any
 
 from absl import logging
 
+from relpos import checkpoints
 from relpos import run_config as config_lib
 from relpos import locks
 from relpos import seed_stack
 from relpos import source_tree
 from relpos import user_modules
+from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.experiments import children
 from relpos.experiments import markdown
@@ -216,14 +218,19 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
   return failed, stopped
 
 
-def _differences_from_request(run: Run, requested: config_lib.RunConfig) -> list[tuple]:
-  """`run_config.result_differences` between a finished run's config and `requested`."""
-  saved = results.read_result(run.result)["config"]  # names the file when it is damaged
-  try:
-    saved = config_lib.validate(saved)
-  except ValueError as e:
-    raise ValueError(f"{run.result}: {e}") from None
-  return config_lib.result_differences(saved, requested)
+def _saved_config(run: Run) -> tuple[str, config_lib.RunConfig] | None:
+  """(the file, the config) a run was made with (its result.json) or, unfinished, trained its
+  checkpoints with (its config.json); None for a run that has neither (it starts afresh)."""
+  if os.path.exists(run.result):
+    saved = results.read_result(run.result)["config"]  # names the file when it is damaged
+    try:
+      return run.result, config_lib.validate(saved)
+    except ValueError as e:
+      raise ValueError(f"{run.result}: {e}") from None
+  started = os.path.join(run.workdir, workdir_files.CONFIG_FILE)
+  if not os.path.exists(started) or checkpoints.newest_step(run.workdir) is None:
+    return None
+  return started, config_lib.read(started)
 
 
 def _move_aside(run: Run) -> str:
@@ -254,31 +261,42 @@ def _check_one_task(output_dir: str, task: str) -> None:
 
 def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
                  retrain_changed: bool) -> list[Run]:
-  """The runs of `runs` to train: the unfinished ones, and the finished ones whose config
-  differs from the request (with `retrain_changed`: moved aside first).
+  """The runs of `runs` to train: the unfinished ones, and those finished or started with a
+  config that differs from the request in a field that changes a result (with
+  `retrain_changed`: moved aside first, to train from the start). An unfinished run resumed
+  with another learning rate or budget would be neither run, and its result.json would name
+  only the second config.
 
   Raises:
-    ValueError: (not `retrain_changed`) a finished run whose config differs from the request
-      in a field that changes its result, naming the run, the field and both values.
+    ValueError: (not `retrain_changed`) a run made or started with a config that differs from
+      the request in a field that changes its result, naming the file, the field and both
+      values.
   """
   pending = []
   for run in runs:
-    if not os.path.exists(run.result):
+    saved = _saved_config(run)
+    if saved is None:
       pending.append(run)
       continue
+    path, saved_config = saved
     requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
-    differences = _differences_from_request(run, requested)
+    differences = config_lib.result_differences(saved_config, requested)
+    finished = path == run.result
     if not differences:
-      print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
+      if finished:
+        print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
+      else:
+        pending.append(run)
       continue
     field, saved, asked = differences[0]
     more = f" (and {len(differences) - 1} more fields)" if len(differences) > 1 else ""
+    made = "made" if finished else "started"
     if not retrain_changed:
-      raise ValueError(f"{run.result} was made with {field}={saved!r}, not the {asked!r} asked"
-                       f"{more}: pass --retrain_changed to train it again (its folder is "
-                       "kept aside), or use another --output_dir.")
+      raise ValueError(f"{path} was {made} with {field}={saved!r}, not the {asked!r} asked"
+                       f"{more}: pass --retrain_changed to train it again (its folder is kept "
+                       "aside), or use another --output_dir.")
     print(
-        f"relpos: {run.workdir} was made with {field}={saved!r}, not {asked!r}{more}; moved "
+        f"relpos: {run.workdir} was {made} with {field}={saved!r}, not {asked!r}{more}; moved "
         f"it to {_move_aside(run)} to train it again.", flush=True)
     pending.append(run)
   return pending

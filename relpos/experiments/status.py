@@ -61,17 +61,6 @@ class RunStatus:
 RECENT_RECORDS = 5
 
 
-def newest_checkpoint(workdir: str) -> int | None:
-  """The step of the newest checkpoint in `workdir` as training and evaluation list them (a
-  read-only `checkpoints.make_manager`: a save in flight is not one, nothing is created), or
-  None."""
-  manager = checkpoints.make_manager(workdir, read_only=True)
-  try:
-    return max(manager.all_steps(), default=None)
-  finally:
-    manager.close()
-
-
 def run_status(run: runner.Run) -> RunStatus:
   """The state of `run` read from its folder.
 
@@ -114,7 +103,7 @@ def run_status(run: runner.Run) -> RunStatus:
   else:
     state = "stopped"
   return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
-                   checkpoint=newest_checkpoint(run.workdir), validation=best, test=test,
+                   checkpoint=checkpoints.newest_step(run.workdir), validation=best, test=test,
                    updated=updated, steps_per_second=sum(speeds) / len(speeds) if speeds else None,
                    wall_time_s=wall_time_s, restored=restored)
 
