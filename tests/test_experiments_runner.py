@@ -181,6 +181,12 @@ def test_unknown_row_and_override_fail_before_any_work(tmp_path):
   with pytest.raises(ValueError, match="no config field 'num_stepz'"):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      rows=["abs"], overrides={"train.num_stepz": 3})
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "--set model.max_relative_position=16 would give every row the one value of a field that "
+          "rows k=0 (0) and k=1 (1) set apart")):
+    runner.run_table("k_sweep", task="synthetic", seeds=[0], output_dir=str(tmp_path),
+                     overrides={"model.max_relative_position": 16})
   assert not os.listdir(tmp_path)
 
 

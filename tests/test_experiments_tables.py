@@ -66,6 +66,23 @@ def test_the_length_table_rows_and_their_task_fields():
   assert override.task.concat_probability == 0.0
 
 
+def test_an_override_may_not_set_a_field_the_rows_set_apart():
+  with pytest.raises(
+      ValueError, match=r"--set model.position='rope' would give every row the one "
+      r"value of a field that rows abs \('absolute'\) and rel_kv \('relative'\) "
+      r"set apart, so they would not be what their names say"):
+    tables.check_overrides(tables.TABLES["ablation"], {"model.position": "rope"})
+  with pytest.raises(ValueError, match=r"rows rel_kv \(True\) and rel_v \(False\) set apart"):
+    tables.check_overrides(("abs", "rel_kv", "rel_v"), {"model.relative_key": True})
+  for rows, overrides in (
+      (("rel_kv_concat",), {"task.concat_probability": 0.25}),  # one row sets it
+      (("abs", "shape", "randomized"), {"model.absolute_type": "learned"}),  # set alike
+      (tables.TABLES["ablation"], {"model.max_relative_position": 8, "model.dtype": "float32"}),
+      (tables.TABLES["k_sweep"], None),
+  ):
+    tables.check_overrides(rows, overrides)
+
+
 def test_parse_override():
   assert tables.parse_override("train.num_steps=100") == ("train.num_steps", 100)
   assert tables.parse_override("task.name=multi30k") == ("task.name", "multi30k")

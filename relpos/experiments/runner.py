@@ -337,7 +337,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     process ended without a result).
 
   Raises:
-    ValueError: for an unknown table, row or order, an invalid override, no seeds, `parallel`
+    ValueError: for an unknown table, row or order, an invalid override (or one of a field the
+      rows set apart: `tables.check_overrides`), no seeds, `parallel`
       < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task, a
       finished run made with another config (see `pending_runs`), a `restore_from` that is
       not a results.json, or a `publish_to` folder that cannot be written.
@@ -353,6 +354,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
   if order not in ORDERS:
     raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
   rows = table_rows(table, rows)
+  tables.check_overrides(rows, overrides)
   for row in rows:  # every config valid before any work
     config_lib.validate(tables.one_run_config(row, seeds[0], task, overrides))
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):

@@ -9,6 +9,7 @@ config. A row may also set fields outside `config.model` (`ROW_FIELDS`, dotted n
 import ast
 import importlib.util
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -170,6 +171,34 @@ def row_in_table(row: str, table: str) -> bool:
     row_overrides(row)  # a malformed k raises, naming the row
     return True
   return row in TABLES[table] or row in more_rows(table)
+
+
+def row_fields(row: str) -> dict[str, object]:
+  """Every field `row` sets, by dotted name: its `config.model` ones and its `ROW_FIELDS`."""
+  return {
+      **{f"model.{name}": value for name, value in row_overrides(row).items()},
+      **ROW_FIELDS.get(row, {})
+  }
+
+
+def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) -> None:
+  """Refuses an override of a field that `rows` set apart: every row would take its value, and
+  the rows would no longer differ as their names say (`--set model.max_relative_position=16`
+  on the k sweep trains k=0 and k=256 alike). A field the rows set alike, or only one of them
+  sets, may be overridden (`--rows=rel_kv_concat --set=task.concat_probability=0.25`).
+
+  Raises:
+    ValueError: naming the override and two rows that set the field apart.
+  """
+  for field, value in (overrides or {}).items():
+    setting = [(row, row_fields(row)[field]) for row in rows if field in row_fields(row)]
+    apart = [(row, v) for row, v in setting if v != setting[0][1]]
+    if apart:
+      (row_a, value_a), (row_b, value_b) = setting[0], apart[0]
+      raise ValueError(
+          f"--set {field}={value!r} would give every row the one value of a field that rows "
+          f"{row_a} ({value_a!r}) and {row_b} ({value_b!r}) set apart, so they would not be "
+          "what their names say: run those rows without it, or train that config with train.py.")
 
 
 def row_config(row: str, task: str) -> ml_collections.ConfigDict:
