@@ -144,8 +144,11 @@ def _stacked_loop(configs: Sequence[run_config.RunConfig], workdirs: Sequence[st
         context.enter_context(train.recording(c, w, steps, o, p, started))
         for c, w, o, p in zip(configs, workdirs, opened, progress)
     ]
-    active = list(range(len(runs)))  # the seeds in the stack, in its order
-    for step in range(first + 1, last + 1):
+    # The seeds in the stack, in its order: those that had not stopped early where they resume.
+    active = [i for i, run in enumerate(runs) if not train.stopped_early(run)]
+    if active and len(active) < len(runs):
+      state = unstack(state, jnp.asarray(active))
+    for step in range(first + 1, last + 1 if active else first):
       batch = stacked_batch(steps, [next(runs[i].opened.train_iterator) for i in active])
       state, metrics = step_fn(state, batch)
       for position, i in enumerate(active):

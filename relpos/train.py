@@ -256,6 +256,22 @@ def end_step(run: Run, step: int, state: train_state.TrainState | None, preempte
   return False
 
 
+def stopped_early(run: Run) -> bool:
+  """Whether `run` had stopped early at the step it resumes from (its last validation there
+  the `train.early_stopping_patience`-th in a row without a better one): a start after such a
+  stop, e.g. once its final evaluation was interrupted, trains no further (`run.result` says
+  early_stopped), as the run never stopped would not have."""
+  patience, validation = run.config.train.early_stopping_patience, run.records.validation
+  if not (patience and validation and validation[-1]["step"] == run.result["step"] and
+          recorder.evaluations_since_best(validation) >= patience):
+    return False
+  logging.warning(
+      "Step %d of %s stopped early (%d evaluations without a better validation "
+      "result): nothing to train.", run.result["step"], run.workdir, patience)
+  run.result["early_stopped"] = True
+  return True
+
+
 def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Steps, opened: Opened,
                 started: float) -> dict[str, Any]:
   """Runs steps from `opened.state["step"]` to `train.num_steps`; see `train_and_evaluate`.
@@ -268,7 +284,7 @@ def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Ste
   first, last = int(state["step"]), config.train.num_steps
   with (progress_bar(first, last) as progress, Preemption() as
         preemption, recording(config, workdir, steps, opened, progress, started) as run):
-    for step in range(first + 1, last + 1):
+    for step in range(first + 1, first if stopped_early(run) else last + 1):
       state, metrics = steps.train(state, steps.global_batch(next(train_iterator)))
       run.records.push(step, metrics)
       if end_step(run, step, state, preemption.reached(step)):

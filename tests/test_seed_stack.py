@@ -142,3 +142,21 @@ def test_each_seed_stops_early_on_its_own(data_dir, tmp_path, monkeypatch):
   assert train.train_and_evaluate(configs[1], alone)["step"] == 10
   assert_params_close(folders[1], alone)
   assert_records_close(folders[1], alone)
+
+
+def test_a_seed_stopped_early_stays_stopped_when_the_stack_resumes(data_dir, tmp_path, monkeypatch):
+  """Both seeds end at step 8, seed 0 stopped early; given 2 more steps, seed 1 trains them
+  alone in the stack and seed 0 trains none (its next validation, 1.0, would be its best)."""
+  losses = {0: iter([3.0, 2.0, 2.5, 2.4, 1.0]), 1: iter([3.0, 2.0, 1.5, 1.4, 1.0])}
+  monkeypatch.setattr(train, "_validate", lambda config, *_: {"loss": next(losses[config.seed])})
+  settings = {"eval_every_steps": 2, "checkpoint_every_steps": 2, "early_stopping_patience": 2}
+  folders = workdirs(tmp_path, "seed")
+  first = seed_stack.train_seeds([seed_config(data_dir, s, num_steps=8, **settings) for s in SEEDS],
+                                 folders)
+  assert [(r["step"], r["early_stopped"]) for r in first] == [(8, True), (8, False)]
+  records = metrics_writer.read_metrics(folders[0])
+  more = [seed_config(data_dir, s, num_steps=10, **settings) for s in SEEDS]
+  again = seed_stack.train_seeds(more, folders)
+  assert [(r["step"], r["early_stopped"]) for r in again] == [(8, True), (10, False)]
+  assert metrics_writer.read_metrics(folders[0]) == records and saved_steps(folders[0]) == [4, 6, 8]
+  assert next(losses[0]) == 1.0 and max(saved_steps(folders[1])) == 10

@@ -135,6 +135,13 @@ def test_early_stopping_after_patience_evaluations(data_dir, tmp_path, monkeypat
   assert (manager.latest_step(), manager.best_step(), manager.all_steps()) == (8, 4, [4, 6, 8])
   validated = run_config.validate(config)
   assert evaluate.restore_model(str(tmp_path), validated, "best", device_mesh.make_mesh())[1] == 4
+  # Started again (its final evaluation interrupted, say), it stays stopped: the next
+  # validation, 1.0, would have been its best.
+  records = metrics_writer.read_metrics(str(tmp_path))
+  again = train.train_and_evaluate(config, str(tmp_path))
+  assert again["early_stopped"] and again["step"] == 8
+  assert metrics_writer.read_metrics(str(tmp_path)) == records
+  assert checkpoints.make_manager(str(tmp_path), read_only=True).all_steps() == [4, 6, 8]
 
 
 def test_a_damaged_metrics_line_stops_a_resume_naming_it_before_any_write(trained, tmp_path):
