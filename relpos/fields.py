@@ -22,8 +22,10 @@ SAME = object()  # Field.absent: a config without the field means its default
 # reports (where data is read from, how often a run logs); it changes the result (a finished run
 # is trained again) but may change when a run resumes (the learning rate, decoding); or it may
 # not change on resume, because the tokenizer, or the model, would change under the
-# checkpoints' parameters.
+# checkpoints' parameters, or the choice of the best checkpoint and early stopping would compare
+# validations measured two ways.
 NEUTRAL, RESULT, TOKENIZER, PARAMETERS = "neutral", "result", "tokenizer", "parameters"
+SELECTION = "selection"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Field:
     doc: one line for a reader of the config.
     absent: the value of a saved config that lacks the field (one written before the field
       existed): the value that reproduces that run. SAME: `default`.
-    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS); None: the
+    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS, SELECTION); None: the
       section's (PARAMETERS for `model.*`, RESULT elsewhere).
   """
   default: Any

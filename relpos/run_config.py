@@ -106,7 +106,9 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "beam_size": Field(4, integer(1), "beam search width (1: greedy)"),
         "alpha": Field(0.6, number(0.0), "GNMT length penalty"),
         "max_decode_len": Field(0, integer(0), "0 -> 2 * source length + 10, <= model.max_len"),
-        "validation_bleu": Field(True, BOOLEAN, "beam-search BLEU at each validation"),
+        "validation_bleu": Field(
+            True, BOOLEAN, "beam-search BLEU at each validation (else "
+            "checkpoints and early stopping rank by loss)", effect=fields.SELECTION),
         "checkpoint": Field(
             "best",
             fields.Rule(_CHOICE,
@@ -337,7 +339,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def effect(path: str) -> str:
   """What changing the field at a dotted path does (`relpos.fields` NEUTRAL, RESULT,
-  TOKENIZER or PARAMETERS)."""
+  TOKENIZER, PARAMETERS or SELECTION)."""
   section, _, name = path.rpartition(".")
   if section == MODEL:
     field = {**model_config.FIELDS, **variants.all_fields()}.get(name)
@@ -369,7 +371,9 @@ def result_differences(before: RunConfig, after: RunConfig) -> list[tuple[str, A
 
 _FIXED_ON_RESUME = {
     TOKENIZER: "the tokenizer would change under the model",
-    fields.PARAMETERS: "the model would change under its parameters"
+    fields.PARAMETERS: "the model would change under its parameters",
+    fields.SELECTION: ("the best checkpoint and early stopping would rank validation BLEU "
+                       "against validation loss"),
 }
 
 

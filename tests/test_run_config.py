@@ -1,5 +1,6 @@
 """Tests for relpos.run_config: each field's rule, rules across fields, old configs, resuming."""
 import json
+import re
 import math
 
 import pytest
@@ -175,6 +176,21 @@ def test_a_model_field_changed_on_resume_stops(tmp_path, field, value):
           rf"{workdir} were trained with \({workdir}/config.json\): the model would change under "
           rf"its parameters. Resume with {field}={before!r} or train in a new --workdir.$")):
     run_config.check_resume(config, workdir, resuming=True)
+
+
+def test_validation_bleu_changed_on_resume_stops(tmp_path):
+  """Checkpoints and early stopping rank by validation BLEU, or by loss without it: one history
+  with both would rank a BLEU of 20 above every loss."""
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.decode.validation_bleu = False
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "config field decode.validation_bleu=False differs from the True that the checkpoints "
+          f"in {workdir} were trained with ({workdir}/config.json): the best checkpoint and early "
+          "stopping would rank validation BLEU against validation loss. Resume with "
+          "decode.validation_bleu=True or train in a new --workdir.")):
+    run_config.check_resume(run_config.validate(config), workdir, resuming=True)
 
 
 def test_resume_allows_the_kernel_and_training_dynamics_to_change(tmp_path, caplog):
