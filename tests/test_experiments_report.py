@@ -102,3 +102,13 @@ def test_length_table_columns_and_diagnostics():
   assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
   assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
   assert "## The paper's findings" not in text  # a length table alone
+
+
+def test_a_checkpoint_choice_some_runs_lack_says_how_many_runs_it_averages():
+  """A run reused from before decode.other_checkpoints asked for average:10 has no such score:
+  the mean of the others says so beside it, not beside the row's seeds count."""
+  runs = [fake_results.run_record("ablation", "abs", seed, 39.0 + seed, 10.0) for seed in range(3)]
+  for run in runs[1:]:
+    run["other_checkpoints"] = {"average:10": {"test": {"bleu": run["scores"]["test"]["bleu"] + 1}}}
+  mean_table = report.render_table(runs).split("## ablation\n")[1]
+  assert "| abs | 3 |" in mean_table and "| 41.5 ± 0.7 (2 of 3 runs) |" in mean_table

@@ -86,6 +86,20 @@ def bucket_label(bucket: str) -> str:
   return low if high in ("", low) else bucket
 
 
+def _other_checkpoint_cell(row_runs: list[dict], choice: str, split: str) -> str:
+  """Mean ± std of `split` BLEU at checkpoint `choice` (e.g. average:10) over the runs that
+  scored it, saying how many of the row's runs those are when not all (a run reused from before
+  `decode.other_checkpoints` asked for it)."""
+  values = [
+      r["other_checkpoints"][choice][split]["bleu"]
+      for r in row_runs
+      if choice in r.get("other_checkpoints", {})
+  ]
+  cell = verdicts.format_mean_std(values)
+  return cell if len(values) in (
+      0, len(row_runs)) else f"{cell} ({len(values)} of {len(row_runs)} runs)"
+
+
 def length_buckets(runs: list[dict], split: str) -> list[str]:
   buckets = []
   for run in runs:
@@ -136,14 +150,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
                                   for r in row_runs])
         for name, _ in beside
     ]
-    cells += [
-        verdicts.format_mean_std([
-            r["other_checkpoints"][choice][test_split]["bleu"]
-            for r in row_runs
-            if choice in r.get("other_checkpoints", {})
-        ])
-        for choice in others
-    ]
+    cells += [_other_checkpoint_cell(row_runs, choice, test_split) for choice in others]
     cells += [
         paper_cell, f"{params[0]:,}" if params else "–",
         f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"
