@@ -313,8 +313,32 @@ def test_an_unfinished_run_started_with_another_config_stops_the_table_before_an
                              retrain_changed=False)  # resumes it
 
 
+def test_a_run_asked_otherwise_than_the_folders_other_runs_stops_the_table(
+    finished_table, tmp_path, monkeypatch):
+  """table.md would compare a rel_k of 5 steps with the abs and rel_kv of 4 already there."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  abs_result = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")
+  for retrain_changed in (False, True):
+    with pytest.raises(
+        ValueError, match=re.escape(
+            f"{abs_result} was made with train.num_steps=4, not the 5 asked for this table's other "
+            "runs: a table compares runs made alike; run with that setting, or pass another "
+            "--output_dir.")):
+      runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                       rows=["rel_k"], overrides={**overrides, "train.num_steps": 5},
+                       retrain_changed=retrain_changed)
+  with pytest.raises(ValueError, match=re.escape(f"{abs_result} was made with train.num_steps=4")):
+    runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                     rows=["rel_kv"], overrides={**overrides, "train.num_steps": 5},
+                     retrain_changed=True)  # nothing moved aside before it stops
+  assert sorted(os.listdir(os.path.join(
+      output_dir, "runs"))) == ["synthetic-ablation-abs-seed0", "synthetic-ablation-rel_kv-seed0"]
+
+
 def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_table, tmp_path):
   output_dir, overrides = _copy_table(finished_table, tmp_path)
+  shutil.rmtree(os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0"))  # abs alone
   outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
                              rows=["abs"], overrides={**overrides, "train.num_steps": 5},
                              retrain_changed=True)

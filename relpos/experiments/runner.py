@@ -259,24 +259,58 @@ def _check_one_task(output_dir: str, task: str) -> None:
                        f"not {task!r}: a table has one task; pass another --output_dir.")
 
 
+def check_made_alike(output_dir: str, runs: Sequence[Run], task: str,
+                     overrides: dict[str, Any] | None) -> None:
+  """Refuses a request made otherwise than the finished runs of other rows or seeds already in
+  `output_dir`, which its table.md would compare with the new ones (an `abs` of 1,000 steps
+  beside a `rel_kv` of 2,000). Fields a row sets, the seed and the neutral ones may differ; a
+  run whose config no longer validates (a variant of one's own not imported) is not compared.
+
+  Raises:
+    ValueError: naming the finished run's result.json, the first field and both values.
+  """
+  requested_runs = {os.path.abspath(run.workdir) for run in runs}
+  first = runs[0]
+  requested = config_lib.validate(tables.one_run_config(first.row, first.seed, task, overrides))
+  for other in results.collect(output_dir):
+    workdir = os.path.abspath(results.workdir_of(other, output_dir))
+    if workdir in requested_runs:
+      continue  # compared with its own request (`pending_runs`)
+    try:
+      saved = config_lib.validate(other["config"])
+      row_set = {*tables.row_fields(first.row), *tables.row_fields(other["row"]), "seed"}
+    except ValueError:
+      continue
+    differences = [
+        d for d in config_lib.result_differences(saved, requested) if d[0] not in row_set
+    ]
+    if differences:
+      field, before, asked = differences[0]
+      raise ValueError(
+          f"{os.path.join(workdir, results.RESULT_FILE)} was made with {field}={before!r}, not "
+          f"the {asked!r} asked for this table's other runs: a table compares runs made alike; "
+          "run with that setting, or pass another --output_dir.")
+
+
 def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
-                 retrain_changed: bool) -> list[Run]:
-  """The runs of `runs` to train: the unfinished ones, and those finished or started with a
-  config that differs from the request in a field that changes a result (with
-  `retrain_changed`: moved aside first, to train from the start). An unfinished run resumed
-  with another learning rate or budget would be neither run, and its result.json would name
-  only the second config.
+                 retrain_changed: bool, output_dir: str | None = None) -> list[Run]:
+  """The runs of `runs` to train, in order: the unfinished ones, and those finished or started
+  with a config that differs from the request in a field that changes a result (with
+  `retrain_changed`: moved aside, to train from the start). An unfinished run resumed with
+  another learning rate or budget would be neither run, and its result.json would name only
+  the second config. With `output_dir`, the other finished runs there are checked to be made
+  alike (`check_made_alike`) before any run is moved aside.
 
   Raises:
     ValueError: (not `retrain_changed`) a run made or started with a config that differs from
       the request in a field that changes its result, naming the file, the field and both
-      values.
+      values; what `check_made_alike` raises.
   """
-  pending = []
+  decisions = []  # (run, what moving it aside says, or None to train it as it is)
   for run in runs:
     saved = _saved_config(run)
     if saved is None:
-      pending.append(run)
+      decisions.append((run, None))
       continue
     path, saved_config = saved
     requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
@@ -286,7 +320,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
       if finished:
         print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
       else:
-        pending.append(run)
+        decisions.append((run, None))
       continue
     field, saved, asked = differences[0]
     more = f" (and {len(differences) - 1} more fields)" if len(differences) > 1 else ""
@@ -295,11 +329,14 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
       raise ValueError(f"{path} was {made} with {field}={saved!r}, not the {asked!r} asked"
                        f"{more}: pass --retrain_changed to train it again (its folder is kept "
                        "aside), or use another --output_dir.")
-    print(
-        f"relpos: {run.workdir} was {made} with {field}={saved!r}, not {asked!r}{more}; moved "
-        f"it to {_move_aside(run)} to train it again.", flush=True)
-    pending.append(run)
-  return pending
+    decisions.append((run, f"was {made} with {field}={saved!r}, not {asked!r}{more}"))
+  if output_dir is not None:
+    check_made_alike(output_dir, runs, task, overrides)
+  for run, changed in decisions:
+    if changed:
+      print(f"relpos: {run.workdir} {changed}; moved it to {_move_aside(run)} to train it again.",
+            flush=True)
+  return [run for run, _ in decisions]
 
 
 def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
@@ -380,7 +417,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     if publish_to:
       results.check_publish_keeps(publish_to, output_dir, table=table, task=task)
     _check_one_task(output_dir, task)
-    pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed)
+    pending = pending_runs(runs, task=task, overrides=overrides, retrain_changed=retrain_changed,
+                           output_dir=output_dir)
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
       failed = []
