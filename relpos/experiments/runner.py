@@ -308,11 +308,11 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
   """
   decisions = []  # (run, what moving it aside says, or None to train it as it is)
   for run in runs:
-    saved = _saved_config(run)
-    if saved is None:
+    made_with = _saved_config(run)
+    if made_with is None:
       decisions.append((run, None))
       continue
-    path, saved_config = saved
+    path, saved_config = made_with
     requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
     differences = config_lib.result_differences(saved_config, requested)
     finished = path == run.result
