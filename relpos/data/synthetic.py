@@ -16,7 +16,12 @@ tell who does what. The test split deliberately holds such subject/object swaps,
 test source whose target differs.
 
 Splits: train, validation and test over [min_words, max_words] source words; test_long over
-[long_min_words, long_max_words] (longer than any training sentence).
+[long_min_words, long_max_words] (longer than any training sentence). A sentence joins one or
+more clauses with "and" ("ke"), up to round(max_words / 12) of them: with the defaults (12 and
+24 words) no training sentence joins two clauses and most test_long sentences do, so test_long
+tests that construction besides length (`relpos.experiments.synthetic_subsets` scores the two
+apart). Each split comes from its own seed; the grammar repeats short sentences, so some
+validation and test pairs also occur in training.
 """
 
 import dataclasses

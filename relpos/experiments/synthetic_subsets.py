@@ -1,0 +1,151 @@
+r"""BLEU of a synthetic-task run's test translations on the subsets that say what its held-out
+splits hold (docs/length.md):
+
+- `test`: the pairs that also occur in the training split (the grammar repeats short sentences;
+  generated from other seeds, about one test pair in ten is a training pair) and those that do
+  not;
+- `test_long`: the sentences of one clause and those of two, joined by "and" ("ke" in the
+  target). Training sentences (at most `task.synthetic.max_words` = 12 words) never join two
+  clauses, so a two-clause `test_long` sentence holds a construction the model has never seen,
+  besides its length.
+
+  python -m relpos.experiments.synthetic_subsets --workdirs=W1,W2,... [--checkpoint=best]
+
+reads each run's config.json, generates its task's splits again (`relpos.data.synthetic`), and
+scores the translations that its evaluation of `test` and `test_long` left in `WORKDIR/eval/`
+(a table's final evaluation leaves them; else `python eval.py --workdir=W --split=test_long
+--checkpoint=best`), with the run's beam settings. Before scoring a subset it checks that the
+whole split's BLEU equals the one the evaluation recorded, so translations and pairs line up.
+"""
+import dataclasses
+import glob
+import math
+import os
+from collections.abc import Sequence
+
+from absl import app
+from absl import flags
+
+from relpos import cli
+from relpos import json_files
+from relpos import run_config
+from relpos import scoring
+from relpos import workdir_files
+from relpos.data import synthetic
+from relpos.experiments import markdown
+
+SPLITS = ("test", "test_long")
+
+_WORKDIRS = flags.DEFINE_list("workdirs", None,
+                              "Runs of the synthetic task, evaluated on test and test_long.",
+                              required=True)
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "The checkpoint whose evaluation to score "
+    "(default: the run's decode.checkpoint, what a table scores).")
+
+
+def clause_count(source: str) -> int:
+  """The clauses of a generated source: the grammar joins clauses with "and", and uses the word
+  nowhere else."""
+  return source.split().count("and") + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Subset:
+  """BLEU of one subset of a split's sentences."""
+  name: str
+  num_sentences: int
+  bleu: float | None  # None for an empty subset
+
+
+def subsets_of(split: str, pairs: list[tuple[str, str]],
+               train_pairs: set[tuple[str, str]]) -> list[tuple[str, list[int]]]:
+  """(name, sentence indices) of each subset of `split`'s `pairs`."""
+  if split == "test":
+    seen = [i for i, pair in enumerate(pairs) if pair in train_pairs]
+    return [("in training", seen),
+            ("not in training", [i for i in range(len(pairs)) if i not in set(seen)])]
+  clauses = [clause_count(source) for source, _ in pairs]
+  return [(f"{n} clause{'s' if n > 1 else ''}", [i
+                                                 for i, c in enumerate(clauses)
+                                                 if c == n])
+          for n in sorted(set(clauses))]
+
+
+def evaluation(workdir: str, split: str, checkpoint: str, decode: dict) -> tuple[dict, list[str]]:
+  """The evaluation JSON of `split` at `checkpoint` with the run's beam settings in
+  `workdir/eval/`, and its translations [sentences].
+
+  Raises:
+    FileNotFoundError: none, naming the eval.py command that makes it.
+  """
+  eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
+  for path in sorted(glob.glob(os.path.join(eval_dir, f"{split}.*.json"))):
+    result = json_files.read_json(path)
+    if (result.get("split"), str(result.get("checkpoint")), result.get("beam_size"),
+        result.get("alpha")) == (split, checkpoint, decode["beam_size"], decode["alpha"]):
+      with open(path[:-len(".json")] + ".txt", encoding="utf-8") as f:  # written beside it
+        return result, f.read().split("\n")[:result["num_sentences"]]
+  raise FileNotFoundError(
+      f"{eval_dir} holds no evaluation of {split} at checkpoint {checkpoint} with beam "
+      f"{decode['beam_size']}, alpha {decode['alpha']}: run python eval.py --workdir={workdir} "
+      f"--split={split} --checkpoint={checkpoint}.")
+
+
+def run_subsets(workdir: str, checkpoint: str | None = None) -> dict[str, list[Subset]]:
+  """Per split of `SPLITS`, the whole split ("all") and its subsets, scored.
+
+  Raises:
+    ValueError: the run is not of the synthetic task, or its translations do not line up with
+      the generated split (their BLEU differs from the one recorded).
+    FileNotFoundError: as `evaluation`, or the workdir or its config.json is missing.
+  """
+  config = run_config.load(workdir)
+  if config.task.name != "synthetic":
+    raise ValueError(f"{workdir} is a run of task {config.task.name!r}: the subsets are those "
+                     "of the synthetic task.")
+  splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
+  train_pairs = set(splits["train"])
+  language = config.task.target_lang
+  checkpoint = checkpoint or config.decode.checkpoint
+  scored = {}
+  for split in SPLITS:
+    recorded, hypotheses = evaluation(workdir, split, checkpoint, config.decode.to_dict())
+    pairs = splits[split]
+    whole = scoring.score(hypotheses, [target for _, target in pairs], language=language)["bleu"]
+    if len(hypotheses) != len(pairs) or not math.isclose(whole, recorded["bleu"], abs_tol=1e-6):
+      raise ValueError(
+          f"the {split} translations in {workdir}/eval do not line up with the {split} "
+          f"split generated from {workdir}/config.json (BLEU {whole:.2f} against "
+          f"the {recorded['bleu']:.2f} recorded).")
+    scored[split] = [Subset("all", len(pairs), whole)]
+    for name, indices in subsets_of(split, pairs, train_pairs):
+      bleu = scoring.score([hypotheses[i] for i in indices], [pairs[i][1] for i in indices],
+                           language=language)["bleu"] if indices else None
+      scored[split].append(Subset(name, len(indices), bleu))
+  return scored
+
+
+def markdown_lines(by_run: dict[str, dict[str, list[Subset]]]) -> list[str]:
+  """One table per split: a row per run, a column per subset ("BLEU (sentences)")."""
+  lines = []
+  for split in SPLITS:
+    names = list(dict.fromkeys(s.name for run in by_run.values() for s in run[split]))
+    rows = []
+    for workdir, run in by_run.items():
+      cells = {s.name: s for s in run[split]}
+      rows.append([workdir] + [
+          f"{cells[n].bleu:.1f} ({cells[n].num_sentences})"
+          if n in cells and cells[n].bleu is not None else "–" for n in names
+      ])
+    lines += [f"{split} BLEU (sentences):", "", *markdown.table(["run", *names], rows), ""]
+  return lines
+
+
+def main(argv: Sequence[str]) -> None:
+  by_run = cli.run(argv, lambda: {w: run_subsets(w, _CHECKPOINT.value) for w in _WORKDIRS.value})
+  print("\n".join(markdown_lines(by_run)))
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)
