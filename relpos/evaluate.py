@@ -103,12 +103,14 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     The detokenized translations, in the order of `texts`.
 
   A progress bar (sentences translated, rate and time left) goes to stderr on process 0; it
-  leaves no line behind.
+  leaves no line behind. Translations that reach the decode budget without ending are cut
+  there and scored so, with a warning that counts them.
   """
   sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
   translations: list[str] = [""] * len(texts)
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
+  cut, budgets = 0, set()
   for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
     rows = {"inputs": inputs}
     budget = max_decode_len(inputs.shape[1], config.decode, config.model.max_len)
@@ -130,8 +132,15 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     for i, row in zip(example_index, tokens):
       if i >= 0:
         translations[i] = tokenizer.decode(row.tolist())
+        if tokenizer_lib.EOS_ID not in row:
+          cut, budgets = cut + 1, budgets | {budget}
     progress.update(int(np.sum(example_index >= 0)))
   progress.close()
+  if cut:
+    logging.warning(
+        "%d of %d translations reached the decode budget (%s tokens: decode.max_decode_len, "
+        "else 2 x the batch's longest source + 10, at most model.max_len) without ending: they "
+        "are cut there.", cut, len(texts), ", ".join(map(str, sorted(budgets))))
   return translations
 
 

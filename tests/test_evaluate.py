@@ -314,3 +314,27 @@ def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_
       match=(rf"^eval output folder {blocker}/eval cannot be written \(Not a directory\): pass "
              r"another --output_dir\.$")):
     evaluate.evaluate_checkpoint(workdir, split="test", output_dir=str(blocker / "eval"))
+
+
+def test_translations_cut_at_the_decode_budget_are_counted_in_a_warning(caplog):
+  """A model that never ends a sentence: every translation reaches the budget and is cut there,
+  as the warning says; one that ends at once cuts none."""
+  tokenizer = tokenizer_lib.train_tokenizer(
+      ["the dog sees the cat", "a small bird sings near the river"] * 50, vocab_size=64,
+      model_type="unigram", seed=0)
+  config = tiny.get_config()
+  config.model.logits_via_embedding = False
+  config.decode.max_decode_len = 5
+  validated = run_config.validate(config)
+  model = model_lib.build_model(validated.model, seed=0)
+  texts = ["the dog sees the cat", "a bird", "the river"]
+  for eos_bias, cut in ((-50.0, 3), (50.0, 0)):
+    model.decoder.logits.bias[tokenizer_lib.EOS_ID] = eos_bias
+    caplog.clear()
+    evaluate.translate_texts(model, tokenizer, texts, validated, mesh=device_mesh.make_mesh())
+    warned = [r.getMessage() for r in caplog.records if "decode budget" in r.getMessage()]
+    assert warned == ([
+        "3 of 3 translations reached the decode budget (5 tokens: decode.max_decode_len, else 2 x "
+        "the batch's longest source + 10, at most model.max_len) without ending: they are cut "
+        "there."
+    ] if cut else [])
