@@ -2,28 +2,124 @@
 
 A variant registered outside relpos (`--import`) runs once under `jax.eval_shape` on a tiny
 batch, as training and cached decoding call it, so that code that raises, or terms of the
-wrong shape, stop a program with one line naming the variant and its file.
+wrong shape, stop a program with one line naming the variant and its file. Then a small model
+of it (the run's variant and its fields; width 16, one layer a stack, float32) runs on two
+sentence pairs, and must keep the two contracts the built-in variants are tested for
+(tests/test_model.py, with the same functions): cached decoding equals the teacher-forced pass
+(`cached_and_full_logits`), and a packed batch equals its sentences alone
+(`packed_and_alone_logits`). A variant that reads `jnp.arange` instead of the positions it is
+given, or one row's positions for the whole batch, fails one of them.
 """
+import dataclasses
 import functools
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from relpos import model as model_lib
 from relpos import variants
 from relpos.model_config import TransformerConfig
 
+# Two source / target pairs (ids below 12; 0 pads, 1 ends); row 0 pads inputs and targets.
+INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
+TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
+# How far the numeric trial's logits may differ (float32, a model of width 16).
+TRIAL_ATOL = 1e-4
+
 
 def _trial_pass(model_config: TransformerConfig) -> tuple[jax.Array, jax.Array]:
-  """Builds the model and runs it as training and decoding do, on a batch of 2 sources of 3
-  tokens and targets of 4: the logits of a training pass and of one cached decode step."""
+  """Builds the model and runs it as training and decoding do, on a batch of num_heads + 1
+  sources of 3 tokens and targets of 4 with positions for every row (a batch size unlike the
+  head count, so that a term missing its head axis cannot broadcast as if it had one): the
+  logits of a training pass and of one cached decode step."""
   model = model_lib.build_model(model_config, 0)
-  inputs, targets = jnp.ones((2, 3), jnp.int32), jnp.ones((2, 4), jnp.int32)
-  logits = model(inputs, targets, deterministic=False)
-  cache = model.init_cache(2, min(4, model_config.max_len))
+  batch = model_config.num_heads + 1
+  inputs, targets = jnp.ones((batch, 3), jnp.int32), jnp.ones((batch, 4), jnp.int32)
+  # Positions of every row, as packed training gives them (unpacked, they are [1, length]).
+  logits = model(inputs, targets, inputs_positions=jnp.broadcast_to(jnp.arange(3), (batch, 3)),
+                 targets_positions=jnp.broadcast_to(jnp.arange(4), (batch, 4)), deterministic=False)
+  cache = model.init_cache(batch, min(4, model_config.max_len))
   step_logits, _ = model.decode_step(model.encode(inputs), inputs, targets[:, 0], 1, cache)
   return logits, step_logits
+
+
+def cached_and_full_logits(model: model_lib.Transformer) -> tuple[np.ndarray, np.ndarray]:
+  """(logits of cached decoding, one target token a step; logits of the full teacher-forced
+  pass) of TARGETS given INPUTS, each [real target tokens, vocab]."""
+  full = model(INPUTS, TARGETS)
+  encoded = model.encode(INPUTS)
+  cache = model.init_cache(2, 7)  # longer than the targets: later slots must stay masked.
+  previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
+  steps = []
+  for step in range(TARGETS.shape[1]):
+    logits, cache = model.decode_step(encoded, INPUTS, previous[:, step], step, cache)
+    steps.append(logits)
+  real = TARGETS != 0  # padded target positions see padding, unlike decoding.
+  return np.stack(steps, 1)[real], np.asarray(full)[real]
+
+
+def pack(rows: list[list[np.ndarray]], length: int) -> tuple[np.ndarray, ...]:
+  """Packs each row's sentences: (tokens, positions, segment ids), each int32 [rows, length]."""
+  tokens, positions, segments = (np.zeros((len(rows), length), np.int32) for _ in range(3))
+  for row, sentences in enumerate(rows):
+    start = 0
+    for segment, sentence in enumerate(sentences, 1):
+      end = start + len(sentence)
+      tokens[row, start:end], positions[row, start:end] = sentence, np.arange(len(sentence))
+      segments[row, start:end] = segment
+      start = end
+  return tokens, positions, segments
+
+
+def packed_and_alone_logits(model: model_lib.Transformer) -> tuple[np.ndarray, np.ndarray]:
+  """(logits of two pairs packed into each row, in both orders; the same pairs' logits each
+  alone in its row), each [target tokens of both rows, vocab], aligned."""
+  sources = [np.array([3, 1]), np.array([5, 6, 1])]
+  targets = [np.array([8, 9, 1]), np.array([10, 1])]
+  # Row 0 packs pairs (0, 1), row 1 packs (1, 0).
+  inputs, inputs_positions, inputs_segmentation = pack([sources, sources[::-1]], 6)
+  packed_targets, targets_positions, targets_segmentation = pack([targets, targets[::-1]], 5)
+  packed = np.asarray(
+      model(inputs, packed_targets, inputs_positions=inputs_positions,
+            targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation))
+  alone = np.asarray(model(pack([[s] for s in sources], 6)[0], pack([[t] for t in targets], 5)[0]))
+  packed_rows, alone_rows = [], []
+  for row, order in enumerate([(0, 1), (1, 0)]):
+    start = 0
+    for pair in order:
+      length = len(targets[pair])
+      packed_rows.append(packed[row, start:start + length])
+      alone_rows.append(alone[pair, :length])
+      start += length
+  return np.concatenate(packed_rows), np.concatenate(alone_rows)
+
+
+def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
+  """A small float32 model of `model_config`'s variant and its fields (width 8 a head, one
+  layer a stack, no dropout)."""
+  width = 8 * model_config.num_heads
+  small = dataclasses.replace(model_config, emb_dim=width, qkv_dim=width, mlp_dim=2 * width,
+                              num_encoder_layers=1, num_decoder_layers=1, dtype="float32",
+                              dropout_rate=0.0, attention_dropout_rate=0.0)
+  return model_lib.build_model(small, 0)
+
+
+def _numeric_problem(model_config: TransformerConfig) -> str | None:
+  """What `_trial_model` does against the two contracts, or None when it keeps both."""
+  model = _trial_model(model_config)
+  for what, (got, want), hint in (
+      ("cached decoding differs from the teacher-forced pass", cached_and_full_logits(model),
+       "a decode step must use the query position it is given"),
+      ("a packed batch differs from its sentences alone", packed_and_alone_logits(model),
+       "terms must come from each row's own positions, which restart per packed sentence"),
+  ):
+    difference = float(np.abs(got - want).max())
+    if not difference <= TRIAL_ATOL:
+      return f"{what} by up to {difference:.2g} in logits ({hint})"
+  return None
 
 
 def _origin(variant: type[variants.Variant]) -> str:
@@ -33,9 +129,10 @@ def _origin(variant: type[variants.Variant]) -> str:
 
 def check_variant(model_config: TransformerConfig) -> None:
   """Builds the model and runs its position variant in a trial of `_trial_pass` under
-  `jax.eval_shape` (shapes only: no parameters made, nothing computed), so that a variant of
-  the user's own (`--import`) whose code raises, or whose terms have the wrong shape, stops a
-  program before it does any work or writes any file.
+  `jax.eval_shape` (shapes only: no parameters made, nothing computed), then a small model of
+  it against the contracts of cached decoding and packing (`_numeric_problem`), so that a
+  variant of the user's own (`--import`) whose code raises, whose terms have the wrong shape,
+  or that breaks either contract, stops a program before it does any work or writes any file.
 
   The built-in variants (of relpos itself) are tested instead and skip the trial.
 
@@ -53,8 +150,12 @@ def _check_plug_in(model_config: TransformerConfig, variant: type[variants.Varia
   """`check_variant` of a variant registered outside relpos (once per config and class)."""
   try:
     jax.eval_shape(functools.partial(_trial_pass, model_config))
+    problem = _numeric_problem(model_config)
   except Exception as e:  # the user's code: any error is theirs, named in one line
     cause = (str(e).strip().splitlines() or [""])[0]
     cause = cause if isinstance(e, ValueError) else f"{type(e).__name__}: {cause}"
     raise ValueError(f"position variant {variant.name!r} ({_origin(variant)}) fails on a trial "
                      f"batch, before any work: {cause.rstrip('.')}.") from e
+  if problem:
+    raise ValueError(f"position variant {variant.name!r} ({_origin(variant)}) fails its trial "
+                     f"on two sentence pairs, before any work: {problem}.")

@@ -15,6 +15,7 @@ from relpos import decode
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import positions as positions_lib
+from relpos import variant_trial
 from relpos import variants
 from relpos.variants import relative
 
@@ -58,9 +59,9 @@ VARIANTS.update({
 })
 ATOL = 2e-5
 
-# Two source / target pairs; row 0 pads inputs and targets.
-INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
-TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
+# Two source / target pairs; row 0 pads inputs and targets (the variant trial's).
+INPUTS, TARGETS = variant_trial.INPUTS, variant_trial.TARGETS
+cached_and_full_logits = variant_trial.cached_and_full_logits
 
 
 def model_fields(**overrides) -> dict:
@@ -81,57 +82,15 @@ def make_model(seed: int = 0, **overrides) -> model_lib.Transformer:
   return model_lib.Transformer(make_config(**overrides), rngs=nnx.Rngs(seed))
 
 
-def cached_and_full_logits(model: model_lib.Transformer) -> tuple[np.ndarray, np.ndarray]:
-  """(logits of cached decoding, one target token a step; logits of the full teacher-forced
-  pass) of TARGETS given INPUTS, each [real target tokens, vocab]."""
-  full = model(INPUTS, TARGETS)
-  encoded = model.encode(INPUTS)
-  cache = model.init_cache(2, 7)  # longer than the targets: later slots must stay masked.
-  previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
-  steps = []
-  for step in range(TARGETS.shape[1]):
-    logits, cache = model.decode_step(encoded, INPUTS, previous[:, step], step, cache)
-    steps.append(logits)
-  real = TARGETS != 0  # padded target positions see padding, unlike decoding.
-  return np.stack(steps, 1)[real], np.asarray(full)[real]
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cached_decoding_equals_full_forward(variant):
   np.testing.assert_allclose(*cached_and_full_logits(make_model(**VARIANTS[variant])), atol=ATOL)
 
 
-def pack(rows: list[list[np.ndarray]], length: int) -> tuple[np.ndarray, ...]:
-  """Packs each row's sentences: (tokens, positions, segment ids), each int32 [rows, length]."""
-  tokens, positions, segments = (np.zeros((len(rows), length), np.int32) for _ in range(3))
-  for row, sentences in enumerate(rows):
-    start = 0
-    for segment, sentence in enumerate(sentences, 1):
-      end = start + len(sentence)
-      tokens[row, start:end], positions[row, start:end] = sentence, np.arange(len(sentence))
-      segments[row, start:end] = segment
-      start = end
-  return tokens, positions, segments
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_packed_equals_unpacked(variant):
-  model = make_model(**VARIANTS[variant])
-  sources = [np.array([3, 1]), np.array([5, 6, 1])]
-  targets = [np.array([8, 9, 1]), np.array([10, 1])]
-  # Row 0 packs pairs (0, 1), row 1 packs (1, 0); the same shapes as INPUTS / TARGETS.
-  inputs, inputs_positions, inputs_segmentation = pack([sources, sources[::-1]], 6)
-  packed_targets, targets_positions, targets_segmentation = pack([targets, targets[::-1]], 5)
-  packed = model(inputs, packed_targets, inputs_positions=inputs_positions,
-                 targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
-                 targets_segmentation=targets_segmentation)
-  alone = model(pack([[s] for s in sources], 6)[0], pack([[t] for t in targets], 5)[0])
-  for row, order in enumerate([(0, 1), (1, 0)]):
-    start = 0
-    for pair in order:
-      length = len(targets[pair])
-      np.testing.assert_allclose(packed[row, start:start + length], alone[pair, :length], atol=ATOL)
-      start += length
+  np.testing.assert_allclose(
+      *variant_trial.packed_and_alone_logits(make_model(**VARIANTS[variant])), atol=ATOL)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -1,8 +1,10 @@
 """Tests for relpos.variant_trial: a position variant of the user's own is tried on a tiny batch
-before any work, and stops a program in one line naming it and its file when its code raises or
-its terms have the wrong shape. (The same through train.py and --import: test_variants.py.)"""
+before any work, and stops a program in one line naming it and its file when its code raises,
+its terms have the wrong shape, or it breaks the contracts of cached decoding or packing. (The
+same through train.py and --import: test_variants.py.)"""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +53,8 @@ def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path):
     train.train_and_evaluate(config, str(workdir))
   assert str(raised.value) == (
       f"position variant 'wrong_bias' ({__file__}) fails on a trial batch, before any work: "
-      "bias has shape (1, 3, 3, 5); it must broadcast to [batch, heads, q_len, kv_len] = "
-      "(2, 2, 3, 3).")
+      "bias has shape (3, 3, 3, 5); it must broadcast to [batch, heads, q_len, kv_len] = "
+      "(3, 2, 3, 3).")
   config.model.position = "failing"
   with pytest.raises(
       ValueError, match=r"^position variant 'failing' \(.*test_variant_trial.py\) "
@@ -94,5 +96,62 @@ def test_built_in_variants_skip_the_trial(monkeypatch):
 def test_the_trial_runs_training_and_a_cached_decode_step_on_shapes_alone():
   trial = functools.partial(variant_trial._trial_pass, _config("relative"))  # pylint: disable=protected-access
   logits, step_logits = jax.eval_shape(trial)
-  assert (logits.shape, step_logits.shape) == ((2, 4, VOCAB), (2, VOCAB))
+  assert (logits.shape, step_logits.shape) == ((3, 4, VOCAB), (3, VOCAB))  # 2 heads + 1
   assert logits.dtype == step_logits.dtype == jnp.float32
+
+
+class _DistanceBias(variants.AttentionPosition):
+  """A bias of -|j - i| per head, the distances taken by `distances(query, key positions)`."""
+  def __init__(self, distances):
+    self.distances = distances
+
+  def terms(self, query_positions, key_positions):
+    distance = self.distances(query_positions, key_positions)  # [batch or 1, q_len, kv_len]
+    return variants.AttentionTerms(bias=-jnp.abs(distance)[:, None].astype(jnp.float32))
+
+
+def _distance_variant(distances):
+  class DistanceVariant(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [_DistanceBias(distances) for _ in range(num_layers)]
+
+  return DistanceVariant
+
+
+def test_a_bias_without_its_head_axis_stops_at_the_shape_trial():
+  """[batch, q_len, kv_len] broadcasts against [batch, heads, q_len, kv_len] when batch is 1
+  (unpacked) or equals the head count; the trial's batch is neither."""
+  class NoHeadAxis(variants.AttentionPosition):
+    def terms(self, query_positions, key_positions):
+      distance = key_positions[:, None, :] - query_positions[:, :, None]
+      return variants.AttentionTerms(bias=-jnp.abs(distance).astype(jnp.float32))
+
+  class NoHeadAxisVariant(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [NoHeadAxis() for _ in range(num_layers)]
+
+  variants.register("no_head_axis")(NoHeadAxisVariant)
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "fails on a trial batch, before any work: bias has shape (3, 3, 3); it must broadcast to "
+          "[batch, heads, q_len, kv_len] = (3, 2, 3, 3).")):
+    variant_trial.check_variant(_config("no_head_axis"))
+
+
+@pytest.mark.parametrize("name, distances, problem", [
+    ("own_arange", lambda q, k:
+     (jnp.arange(k.shape[1])[None, None, :] - jnp.arange(q.shape[1])[None, :, None]),
+     "cached decoding differs from the teacher-forced pass by up to"),
+    ("first_row", lambda q, k:
+     (k[:1, None, :] - q[:1, :, None]), "a packed batch differs from its sentences alone by up to"),
+])
+def test_a_variant_that_breaks_a_contract_stops_before_any_work(name, distances, problem):
+  """Distances from jnp.arange ignore the position a decode step is given; those of the first
+  row ignore the other rows' packed positions. Both shapes are right."""
+  variants.register(name)(_distance_variant(distances))
+  with pytest.raises(
+      ValueError, match=rf"^position variant '{name}' \(.*test_variant_trial.py\) "
+      rf"fails its trial on two sentence pairs, before any work: {problem} "):
+    variant_trial.check_variant(_config(name))
+  variants.register(f"{name}_fixed")(_distance_variant(lambda q, k: k[:, None, :] - q[:, :, None]))
+  variant_trial.check_variant(_config(f"{name}_fixed"))  # the positions it is given: passes
