@@ -59,6 +59,16 @@ def test_paired_bootstrap_equals_sacrebleus_command(tmp_path):
   assert 0.05 < close["p_value"] < 1  # a small gain on 60 sentences: within the noise
 
 
+def test_translations_equal_to_the_baselines_differ_with_p_1():
+  """sacreBLEU gives them its least p, 1 / 1001, as if the difference of 0 were significant."""
+  references = _sentences(0)
+  baseline = _noisy(references, 1, 0.5)
+  same, other = paired.paired_bootstrap(
+      references, baseline, [list(baseline), _noisy(references, 3, 0.45)])
+  assert (same["difference"], same["p_value"]) == (0.0, 1.0)
+  assert other["p_value"] < 1.0
+
+
 def _run(tmp_path, row: str, seed: int, translations: list[str] | None, table="ablation") -> dict:
   """A finished run's result, with its translations of `test` in its eval/ folder."""
   workdir = f"runs/{row}-seed{seed}"

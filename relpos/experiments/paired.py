@@ -45,7 +45,9 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
     Per system: {"bleu", "baseline_bleu", "difference", "p_value", "signature"}. p is two-sided:
     (1 + the number of resamples whose absolute difference, less its mean over the resamples,
     exceeds the observed one) / (1 + resamples), as Moses' bootstrap-hypothesis-difference-
-    significance.pl; the signature names the number of resamples and their seed.
+    significance.pl; the signature names the number of resamples and their seed. A system
+    whose translations are the baseline's, sentence for sentence, gets p = 1: sacreBLEU's test
+    gives it its least p, 1 / (1 + resamples), no resample differing from the observed 0.
   """
   named = [("baseline", list(baseline))] + [(f"system{i}", list(s)) for i, s in enumerate(systems)]
   test = significance.PairedTest(named, {"BLEU": BLEU()}, [list(references)], test_type="bs",
@@ -54,9 +56,10 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
   base, *others = scores["BLEU"]
   return [{
       "bleu": float(other.score), "baseline_bleu": float(base.score),
-      "difference": float(other.score - base.score), "p_value": float(other.p_value),
+      "difference": float(other.score - base.score),
+      "p_value": 1.0 if list(system) == list(baseline) else float(other.p_value),
       "signature": str(signatures["BLEU"])
-  } for other in others]
+  } for other, system in zip(others, systems)]
 
 
 def translations_file(run: dict[str, Any], workdir: str, split: str) -> str:
