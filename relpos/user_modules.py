@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import jax
+from absl import logging
 
 from relpos import json_files
 from relpos import workdir_files
@@ -118,10 +119,13 @@ def write_imports(workdir: str, needed: str | None = None) -> None:
 
 def import_recorded(workdir: str) -> None:
   """Imports the modules a run recorded in `workdir/imports.json` (none without the file),
-  refusing any that lies inside the workdir.
+  refusing any that lies inside the workdir. A recorded .py file that no longer exists is
+  taken from the module of its name that `--import` gave this process (the file moved), with a
+  warning naming both.
 
   Raises:
-    ValueError: the file is not a JSON list of strings, or a module fails (naming it).
+    ValueError: the file is not a JSON list of strings, a recorded .py file is gone and no
+      --import gave its module (saying how to pass it), or a module fails (naming it).
   """
   path = os.path.join(workdir, workdir_files.IMPORTS_FILE)
   if not os.path.exists(path):
@@ -129,7 +133,15 @@ def import_recorded(workdir: str) -> None:
   specs = json_files.read_json(path)
   if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
     raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
+  gone = [spec for spec in specs if _is_file(spec) and not os.path.isfile(spec)]
+  for spec in gone:
+    given = [m for m in _IMPORTED if _module_name(m) == _module_name(spec)]
+    if not given:
+      raise ValueError(f"{path}: the run's module {spec} no longer exists; if it moved, pass "
+                       f"it where it is now: --import=<its .py path>.")
+    logging.warning("%s: the run's module %s no longer exists; using %s, given with --import.",
+                    path, spec, given[0])
   try:
-    import_modules(specs, refuse_under=workdir)
+    import_modules([spec for spec in specs if spec not in gone], refuse_under=workdir)
   except ValueError as e:
     raise ValueError(f"{path}: {e}") from None

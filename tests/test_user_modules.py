@@ -54,3 +54,24 @@ def test_import_of_a_missing_module_names_it(monkeypatch):
   with pytest.raises(ValueError, match=r"^--import=no_such_module_here: no such module"):
     user_modules.import_modules(["no_such_module_here"])
   assert user_modules.imported() == []
+
+
+def test_a_recorded_module_that_moved_is_taken_from_import_or_named(tmp_path, monkeypatch, caplog):
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  old = tmp_path / "old" / "moved_variant.py"
+  (workdir / workdir_files.IMPORTS_FILE).write_text(json.dumps([str(old)]))
+  imports = workdir / workdir_files.IMPORTS_FILE
+  with pytest.raises(
+      ValueError, match=(
+          rf"^{imports}: the run's module {old} no longer exists; if it moved, pass it where it is "
+          r"now: --import=<its \.py path>\.$")):
+    user_modules.import_recorded(str(workdir))
+  new = tmp_path / "new" / "moved_variant.py"
+  new.parent.mkdir()
+  new.write_text("HERE = True\n")
+  user_modules.import_modules([str(new)])  # what --import does before the run's config is read
+  user_modules.import_recorded(str(workdir))
+  assert sys.modules["moved_variant"].HERE
+  assert f"the run's module {old} no longer exists; using {new}, given with --import" in caplog.text
