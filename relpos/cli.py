@@ -169,7 +169,7 @@ def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> 
       if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]
   ]
   return (f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
-          f"{fields.did_you_mean(close)}")
+          f"{fields.did_you_mean(close, given[0].removeprefix('--config.') if given else '')}")
 
 
 @contextlib.contextmanager

@@ -116,10 +116,15 @@ def close_names(name: str, known: Sequence[str]) -> list[str]:
   return [k for k in known if k.startswith(name)] or difflib.get_close_matches(name, known, n=1)
 
 
-def did_you_mean(candidates: Sequence[str]) -> str:
-  """" Did you mean 'x'?" for the first of the names close to a mistyped one ("" for none),
-  appended to the message for a field that does not exist."""
-  return f" Did you mean {candidates[0]!r}?" if candidates else ""
+def did_you_mean(candidates: Sequence[str], path: str = "") -> str:
+  """" Did you mean 'x'?" for the first of the names close to a mistyped one, appended to the
+  message for a field that does not exist; for none, a hint at --import when the field's
+  dotted `path` is under model. (a field of a position variant of the user's own), else ""."""
+  if candidates:
+    return f" Did you mean {candidates[0]!r}?"
+  if path.startswith("model."):
+    return " A field of a position variant of your own? Pass its module with --import first."
+  return ""
 
 
 def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str, *,

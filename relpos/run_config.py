@@ -248,7 +248,8 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
   def check_has(section: ml_collections.ConfigDict, part: str, name: str) -> None:
     if part not in section:
       close = fields.close_names(part, list(section))
-      raise ValueError(f"override {name!r}: no config field {part!r}.{fields.did_you_mean(close)}")
+      raise ValueError(
+          f"override {name!r}: no config field {part!r}.{fields.did_you_mean(close, name)}")
 
   for name, value in dotted.items():
     parent = config

@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MISTAKES = [
     ("unknown config field", {},
      ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.model.nosuch=1"
-     ], "error: --config.model.nosuch: the config has no field 'nosuch'."),
+     ], "error: --config.model.nosuch: the config has no field 'nosuch'. A field of a position "
+     "variant of your own? Pass its module with --import first."),
     ("misspelled config field", {},
      ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.train.num_step=1"
      ], "error: --config.train.num_step: the config has no field 'num_step'. "
@@ -38,7 +39,8 @@ MISTAKES = [
      ], "error: override train.num_steps='abc': the field holds int values, e.g. 1000."),
     ("unknown field, experiments", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--config.model.nosuch=1"
-     ], "error: --config.model.nosuch: the config has no field 'nosuch'."),
+     ], "error: --config.model.nosuch: the config has no field 'nosuch'. A field of a position "
+     "variant of your own? Pass its module with --import first."),
     ("malformed k", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--table=k_sweep",
       "--rows=k=x"], "error: ablation row 'k=x': k must be a non-negative integer, e.g. 'k=4'."),
