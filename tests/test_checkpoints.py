@@ -151,8 +151,8 @@ def test_eval_py_past_a_damaged_checkpoint_prints_its_warnings_and_no_traceback(
   assert done.returncode == 0, done.stderr[-3000:]
   lines = [
       line for line in done.stderr.replace("\r", "\n").splitlines()
-      if line.strip() and "sentence/s" not in line
-  ]
+      if line.strip() and "sentence/s" not in line and "without ending: they are cut" not in line
+  ]  # the run barely trained: its translations reach the decode budget, which a warning counts
   assert len(lines) == 2, lines
   assert f"checkpoint {newest} is damaged: reading it failed: " in lines[0]
   assert "Evaluating step 28: the newer checkpoints [30] are damaged." in lines[1]
