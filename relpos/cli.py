@@ -49,6 +49,21 @@ def _is_io_failure(error: BaseException | None) -> bool:
   return False
 
 
+def _is_abandoned_read(error: BaseException | None) -> bool:
+  """Whether `error`, or an error it was raised from, ends a checkpoint read that nobody waits
+  for any more: an OSError or ValueError (tensorstore's failure, `_is_io_failure`), GeneratorExit
+  or CancelledError (closed unfinished), or asyncio's "Event loop is closed" (tensorstore's
+  answer after Orbax closed the read's loop; under load it reaches a read still running)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if (_is_io_failure(error) or isinstance(error, (GeneratorExit, asyncio.CancelledError)) or
+        (isinstance(error, RuntimeError) and str(error) == "Event loop is closed")):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _raised_in(package: str, trace: types.TracebackType | None) -> bool:
   """Whether a frame of `trace` is in a file of the installed `package` (a folder of that name)."""
   return any(
@@ -74,14 +89,14 @@ LIBRARY_NOISE = LibraryNoiseFilter()
 
 
 class UnretrievedReadFilter(python_logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" records of an OSError or ValueError
-  (or an error raised from one) in Orbax's code: the sibling reads of a checkpoint read that
+  """Drops asyncio's "Task exception was never retrieved" records of an abandoned read
+  (`_is_abandoned_read`) in Orbax's code: the sibling reads of a checkpoint read that
   failed (a checkpoint that training deleted while `eval.py` read it, or a truncated one), whose
   first error Orbax raised and relpos handled (`relpos.checkpoints.restore_newest`). Each carried
   a tensorstore spec of 1,000 characters."""
   def filter(self, record: python_logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    if not (_is_io_failure(error) and
+    if not (_is_abandoned_read(error) and
             str(record.msg).startswith("Task exception was never retrieved")):
       return True
     return not _raised_in("orbax", error.__traceback__)
@@ -102,8 +117,7 @@ def is_failed_read_leftover(unraisable: "sys.UnraisableHookArgs") -> bool:
   if isinstance(error, RuntimeError):
     return (str(error) == "Event loop is closed" and all(
         f"{os.sep}asyncio{os.sep}" in frame.filename for frame in traceback.extract_tb(trace)))
-  closed = isinstance(error and error.__cause__, (GeneratorExit, asyncio.CancelledError))
-  return (closed or _is_io_failure(error)) and _raised_in("orbax", trace)
+  return _is_abandoned_read(error) and _raised_in("orbax", trace)
 
 
 def drop_failed_read_leftovers() -> None:

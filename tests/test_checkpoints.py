@@ -153,7 +153,7 @@ def test_eval_py_past_a_damaged_checkpoint_prints_its_warnings_and_no_traceback(
       line for line in done.stderr.replace("\r", "\n").splitlines()
       if line.strip() and "sentence/s" not in line and "without ending: they are cut" not in line
   ]  # the run barely trained: its translations reach the decode budget, which a warning counts
-  assert len(lines) == 2, lines
+  assert len(lines) == 2, "\n".join(lines)
   assert f"checkpoint {newest} is damaged: reading it failed: " in lines[0]
   assert "Evaluating step 28: the newer checkpoints [30] are damaged." in lines[1]
   assert json.loads(done.stdout)["step"] == 28
