@@ -36,32 +36,33 @@ USER_ERRORS = (ValueError, OSError, locks.WorkdirInUseError, recorder.NonFiniteE
 QUIET_PACKAGES = ("orbax", "tensorflow_datasets", "grain")
 
 
+def _in_chain(error: BaseException | None, matches: Callable[[BaseException], bool]) -> bool:
+  """Whether `error`, or an error it was raised from (its cause or context, in turn), matches."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if matches(error):
+      return True
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _is_io_failure(error: BaseException | None) -> bool:
   """Whether `error`, or an error it was raised from, is an OSError or ValueError: Orbax wraps a
   failed array read in a bare Exception ("Encountered error while reading array index ...")
   raised from tensorstore's ValueError."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    if isinstance(error, (OSError, ValueError)):
-      return True
-    seen.add(id(error))
-    error = error.__cause__ or error.__context__
-  return False
+  return _in_chain(error, lambda e: isinstance(e, (OSError, ValueError)))
 
 
 def _is_abandoned_read(error: BaseException | None) -> bool:
   """Whether `error`, or an error it was raised from, ends a checkpoint read that nobody waits
-  for any more: an OSError or ValueError (tensorstore's failure, `_is_io_failure`), GeneratorExit
-  or CancelledError (closed unfinished), or asyncio's "Event loop is closed" (tensorstore's
-  answer after Orbax closed the read's loop; under load it reaches a read still running)."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    if (_is_io_failure(error) or isinstance(error, (GeneratorExit, asyncio.CancelledError)) or
-        (isinstance(error, RuntimeError) and str(error) == "Event loop is closed")):
-      return True
-    seen.add(id(error))
-    error = error.__cause__ or error.__context__
-  return False
+  for any more: an OSError or ValueError (tensorstore's failure), GeneratorExit or
+  CancelledError (closed unfinished), or asyncio's "Event loop is closed" (tensorstore's answer
+  after Orbax closed the read's loop; under load it reaches a read still running)."""
+  return _in_chain(
+      error, lambda e: isinstance(e,
+                                  (OSError, ValueError, GeneratorExit, asyncio.CancelledError)) or
+      (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"))
 
 
 def _raised_in(package: str, trace: types.TracebackType | None) -> bool:

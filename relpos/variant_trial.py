@@ -3,7 +3,7 @@
 A variant registered outside relpos (`--import`) runs once under `jax.eval_shape` on a tiny
 batch, as training and cached decoding call it, so that code that raises, or terms of the
 wrong shape, stop a program with one line naming the variant and its file. Then a small model
-of it (the run's variant and its fields; width 16, one layer a stack, float32) runs on two
+of it (the run's variant and its fields; width 8 a head, one layer a stack, float32) runs on two
 sentence pairs, and must keep the two contracts the built-in variants are tested for
 (tests/test_model.py, with the same functions): cached decoding equals the teacher-forced pass
 (`cached_and_full_logits`), and a packed batch equals its sentences alone

@@ -127,3 +127,12 @@ def test_changed_parameters_build_a_new_dataset(tmp_path):
   assert [len(d.data_sources()["train"]) for d in (first, resized, reseeded)] == [60, 70, 60]
   assert _pairs(reseeded, "train") != _pairs(first, "train")
   assert len(os.listdir(tmp_path / "synthetic_translation")) == 3
+
+
+def test_clauses_are_counted_by_the_grammars_conjunction():
+  assert synthetic.clause_count("the cat sees a dog") == 1
+  assert synthetic.clause_count("the cat sees a dog and a bird sleeps") == 2
+  pairs = synthetic.generate(200, 13, 24, "long")
+  assert {synthetic.clause_count(s) for s, _ in pairs} == {1, 2}
+  assert all((" and " in s) == (" ke " in t) for s, t in pairs)  # "and" is "ke" in the target
+  assert all(synthetic.clause_count(s) == 1 for s, _ in synthetic.generate(200, 3, 12, "x"))

@@ -17,15 +17,6 @@ from relpos.experiments import synthetic_subsets
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_clauses_are_counted_by_the_grammars_conjunction():
-  assert synthetic_subsets.clause_count("the cat sees a dog") == 1
-  assert synthetic_subsets.clause_count("the cat sees a dog and a bird sleeps") == 2
-  pairs = synthetic.generate(200, 13, 24, "long")
-  assert {synthetic_subsets.clause_count(s) for s, _ in pairs} == {1, 2}
-  assert all((" and " in s) == (" ke " in t) for s, t in pairs)  # "and" is "ke" in the target
-  assert all(synthetic_subsets.clause_count(s) == 1 for s, _ in synthetic.generate(200, 3, 12, "x"))
-
-
 def test_subsets_split_every_sentence_once():
   train = [("a", "x"), ("b", "y")]
   test = [("a", "x"), ("a", "z"), ("c", "w")]  # a seen pair, a seen source with another target
@@ -63,7 +54,7 @@ def _evaluated_run(tmp_path, translate) -> str:
 def test_a_run_is_scored_on_each_subset(tmp_path):
   config = run_config.validate(tiny.get_config())
   splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
-  two_clauses = [synthetic_subsets.clause_count(s) == 2 for s, _ in splits["test_long"]]
+  two_clauses = [synthetic.clause_count(s) == 2 for s, _ in splits["test_long"]]
   assert 0 < sum(two_clauses) < len(two_clauses)
 
   def translate(split, targets):  # the two-clause sentences lose their second clause

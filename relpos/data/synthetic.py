@@ -168,6 +168,12 @@ def _sentence(clauses: list[Clause]) -> tuple[str, str]:
   return " ".join(source), " ".join(target)
 
 
+def clause_count(source: str) -> int:
+  """The clauses of a generated source: `_sentence` joins them with "and", which the grammar
+  uses nowhere else."""
+  return source.split().count("and") + 1
+
+
 def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
              swap_fraction: float = 0.0) -> list[tuple[str, str]]:
   """`num` (source, target) pairs with min_words..max_words source words.

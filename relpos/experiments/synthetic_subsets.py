@@ -44,12 +44,6 @@ _CHECKPOINT = flags.DEFINE_string(
     "(default: the run's decode.checkpoint, what a table scores).")
 
 
-def clause_count(source: str) -> int:
-  """The clauses of a generated source: the grammar joins clauses with "and", and uses the word
-  nowhere else."""
-  return source.split().count("and") + 1
-
-
 @dataclasses.dataclass(frozen=True)
 class Subset:
   """BLEU of one subset of a split's sentences."""
@@ -62,10 +56,10 @@ def subsets_of(split: str, pairs: list[tuple[str, str]],
                train_pairs: set[tuple[str, str]]) -> list[tuple[str, list[int]]]:
   """(name, sentence indices) of each subset of `split`'s `pairs`."""
   if split == "test":
-    seen = [i for i, pair in enumerate(pairs) if pair in train_pairs]
-    return [("in training", seen),
-            ("not in training", [i for i in range(len(pairs)) if i not in set(seen)])]
-  clauses = [clause_count(source) for source, _ in pairs]
+    seen = [pair in train_pairs for pair in pairs]
+    return [("in training", [i for i, s in enumerate(seen) if s]),
+            ("not in training", [i for i, s in enumerate(seen) if not s])]
+  clauses = [synthetic.clause_count(source) for source, _ in pairs]
   return [(f"{n} clause{'s' if n > 1 else ''}", [i
                                                  for i, c in enumerate(clauses)
                                                  if c == n])
