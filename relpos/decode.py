@@ -4,7 +4,7 @@ Both searches drive a `tokens_to_logits(tokens, step, cache) -> (logits, cache)`
 `tokens` [n] holds the previous token of every hypothesis (0 at step 0), `step` is the int32
 position of the token being predicted, and every leaf of `cache` has leading dimension n. The
 output token of step t is written at position t, so a sequence holds its tokens, then eos, then
-padding 0.
+padding 0 (`PAD_ID`).
 
 Beam search follows tensor2tensor / flax examples/wmt: it keeps the `beam_size` best live
 hypotheses and the `beam_size` best finished ones, scores a finished hypothesis of L tokens
@@ -12,11 +12,12 @@ hypotheses and the `beam_size` best finished ones, scores a finished hypothesis 
 no live hypothesis can beat the worst finished one. A hypothesis that reaches max_decode_len
 without eos is finished there with L = max_decode_len.
 
-`output_vocab_size` (the tokenizer's size, which can be smaller than the model's vocabulary:
-SentencePiece may find fewer pieces than asked for) keeps both searches off the ids the
-tokenizer cannot decode. Beam search sets their log-probabilities to -inf after the softmax, so
-every other token keeps the log-probability the trained model gives it (the softmax it was
-trained with); greedy search takes the argmax over the decodable ids.
+Neither search emits id 0, the padding, which no training target holds and which a decoded
+sentence would drop without trace; nor, given `output_vocab_size` (the tokenizer's size, which
+can be smaller than the model's vocabulary: SentencePiece may find fewer pieces than asked for),
+the ids the tokenizer cannot decode. Beam search sets their log-probabilities to -inf after the
+softmax, so every other token keeps the log-probability the trained model gives it (the softmax
+it was trained with); greedy search takes the argmax over the other ids.
 
 Both searches take optional per-input length bounds `min_len` and `max_len` (int32 [batch],
 in tokens, eos included): eos is forbidden while a hypothesis is shorter than `min_len` and is
@@ -31,6 +32,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from relpos.data.tokenizer import PAD_ID
 
 TokensToLogits = Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
@@ -79,16 +82,19 @@ def _check_search_args(batch_size: int, max_decode_len: int, eos_id: int,
     raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len must be >= 1, got {max_decode_len}.")
+  if eos_id == PAD_ID:
+    raise ValueError(f"eos_id must not be the padding id {PAD_ID}.")
   if output_vocab_size is not None and output_vocab_size <= eos_id:
     raise ValueError(f"output_vocab_size must exceed eos_id={eos_id}, got {output_vocab_size}.")
 
 
-def _forbid_undecodable(scores: jax.Array, output_vocab_size: int | None) -> jax.Array:
-  """scores [..., vocab] with -inf at ids >= output_vocab_size (all kept when None)."""
-  if output_vocab_size is None:
-    return scores
-  decodable = jnp.arange(scores.shape[-1]) < output_vocab_size
-  return jnp.where(decodable, scores, -jnp.inf)
+def _forbid_unemittable(scores: jax.Array, output_vocab_size: int | None) -> jax.Array:
+  """scores [..., vocab] with -inf at PAD_ID and at ids >= output_vocab_size (None: none)."""
+  ids = jnp.arange(scores.shape[-1])  # [vocab]
+  emittable = ids != PAD_ID
+  if output_vocab_size is not None:
+    emittable &= ids < output_vocab_size
+  return jnp.where(emittable, scores, -jnp.inf)
 
 
 def _bound_length(scores: jax.Array, step: jax.Array, eos_id: int, min_len: jax.Array | None,
@@ -133,8 +139,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
       all-zero sequence) where fewer than beam_size hypotheses exist.
 
   Raises:
-    ValueError: on beam_size, batch_size or max_decode_len < 1, alpha < 0, or
-      output_vocab_size <= eos_id.
+    ValueError: on beam_size, batch_size or max_decode_len < 1, alpha < 0, eos_id = PAD_ID
+      or output_vocab_size <= eos_id.
   """
   _check_search_args(batch_size, max_decode_len, eos_id, output_vocab_size)
   if beam_size < 1:
@@ -167,7 +173,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     tokens = _previous_tokens(state.alive_sequences, step).reshape(-1)
     logits, cache = tokens_to_logits(tokens, step, state.cache)
     vocab_size = logits.shape[-1]
-    log_probs = _forbid_undecodable(jax.nn.log_softmax(logits.astype(jnp.float32)),
+    log_probs = _forbid_unemittable(jax.nn.log_softmax(logits.astype(jnp.float32)),
                                     output_vocab_size)
     log_probs = _bound_length(log_probs, step, eos_id, row_min_len,
                               row_max_len).reshape(*shape, vocab_size)
@@ -221,7 +227,8 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
     int32 [batch, L]: tokens up to and including eos, then 0.
 
   Raises:
-    ValueError: on batch_size or max_decode_len < 1, or output_vocab_size <= eos_id.
+    ValueError: on batch_size or max_decode_len < 1, eos_id = PAD_ID or
+      output_vocab_size <= eos_id.
   """
   _check_search_args(batch_size, max_decode_len, eos_id, output_vocab_size)
   state = _GreedyState(step=jnp.array(0, jnp.int32), sequences=jnp.zeros(
@@ -234,7 +241,7 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: i
   def step_fn(state: _GreedyState) -> _GreedyState:
     tokens = _previous_tokens(state.sequences, state.step)
     logits, cache = tokens_to_logits(tokens, state.step, state.cache)
-    scores = _bound_length(_forbid_undecodable(logits, output_vocab_size), state.step, eos_id,
+    scores = _bound_length(_forbid_unemittable(logits, output_vocab_size), state.step, eos_id,
                            min_len, max_len)
     best = jnp.argmax(scores, axis=-1)
     next_tokens = jnp.where(state.finished, 0, best.astype(jnp.int32))
@@ -323,7 +330,8 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
     max_decode_len was reached) and padded with 0.
 
   Raises:
-    ValueError: on beam_size or max_decode_len < 1, alpha < 0 or output_vocab_size <= eos_id.
+    ValueError: on beam_size or max_decode_len < 1, alpha < 0, eos_id = PAD_ID or
+      output_vocab_size <= eos_id.
   """
   if beam_size < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")

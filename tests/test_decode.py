@@ -14,6 +14,7 @@ import pytest
 from relpos import decode
 
 EOS = 1
+PAD = 0  # never emitted
 VOCAB = 4  # 0 (pad), 1 (eos), 2, 3
 
 
@@ -79,8 +80,8 @@ def exhaustive_search(table: np.ndarray, alpha: float) -> list[tuple[float, list
   results = []
   for tokens in itertools.product(range(VOCAB), repeat=length):
     end = tokens.index(EOS) + 1 if EOS in tokens else length
-    if EOS in tokens[end:] or any(tokens[end:]):
-      continue  # Each finished sequence once: padding 0 after eos (or none).
+    if EOS in tokens[end:] or any(tokens[end:]) or PAD in tokens[:end]:
+      continue  # Each finished sequence once: padding 0 after eos (or none), never before.
     sequence = list(tokens[:end]) + [0] * (length - end)
     score = sequence_log_prob(table, tokens[:end], by_prefix=True) / penalty(end, alpha)
     results.append((score, sequence))
@@ -90,7 +91,7 @@ def exhaustive_search(table: np.ndarray, alpha: float) -> list[tuple[float, list
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_full_width_beam_search_equals_exhaustive_search(alpha):
   length, batch = 4, 2
-  beam = 3**(length - 1)  # every live prefix fits: the search is exact.
+  beam = 2**(length - 1)  # every live prefix (of tokens 2 and 3) fits: the search is exact.
   table = np.random.default_rng(0).normal(size=(batch, length, VOCAB**(length - 1), VOCAB))
   tokens_to_logits, init_cache = prefix_decoder(table * 2.0)
   sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=batch,
@@ -178,7 +179,7 @@ def greedy_reference(table: np.ndarray) -> np.ndarray:
   for b in range(batch):
     previous = 0
     for step in range(length):
-      previous = out[b, step] = np.argmax(table[b, step, previous])
+      previous = out[b, step] = np.argmax(np.delete(table[b, step, previous], PAD)) + 1
       if previous == EOS:
         break
   return out
@@ -233,12 +234,31 @@ def test_searches_never_emit_ids_beyond_the_output_vocabulary():
         rtol=1e-5)
 
 
+def test_searches_never_emit_padding():
+  # Pad has the highest logit everywhere; the searches emit the best of the other ids.
+  table = np.random.default_rng(6).normal(size=(2, 5, VOCAB, VOCAB))
+  table[..., PAD] = 10.0
+  tokens_to_logits, init_cache = previous_token_decoder(table)
+  greedy = decode.greedy_search(tokens_to_logits, init_cache(1), batch_size=2, max_decode_len=5)
+  np.testing.assert_array_equal(greedy, greedy_reference(table))
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(2), batch_size=2, beam_size=2,
+                                         alpha=0.6, max_decode_len=5)
+  for b, k in itertools.product(range(2), range(2)):
+    sequence = list(np.asarray(sequences[b, k]))
+    end = sequence.index(EOS) + 1 if EOS in sequence else len(sequence)
+    assert PAD not in sequence[:end] and not any(sequence[end:])
+    np.testing.assert_allclose(
+        scores[b, k],
+        sequence_log_prob(table[b], sequence[:end], by_prefix=False) / penalty(end, 0.6), rtol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"beam_size": 0}, "beam_size"),
     ({"alpha": -0.5}, "alpha"),
     ({"max_decode_len": 0}, "max_decode_len"),
     ({"batch_size": 0}, "batch_size"),
     ({"output_vocab_size": 1}, "output_vocab_size must exceed eos_id=1"),
+    ({"eos_id": 0}, "eos_id must not be the padding id 0"),
 ])
 def test_invalid_search_arguments(kwargs, message):
   tokens_to_logits, init_cache = previous_token_decoder(np.zeros((1, 3, VOCAB, VOCAB)))
@@ -260,7 +280,7 @@ def test_length_bounds_keep_exactly_the_sequences_of_allowed_length(alpha):
   # Full width: the bounded search is exact, so it equals the exhaustive search restricted to
   # the allowed lengths; row 0 and row 2 are oracle-length (min = max), row 1 a range.
   length, batch = 4, 3
-  beam = 3**(length - 1)
+  beam = 2**(length - 1)
   table = np.random.default_rng(5).normal(size=(batch, length, VOCAB**(length - 1), VOCAB))
   min_len, max_len = np.array([1, 2, 3]), np.array([1, 4, 3])
   tokens_to_logits, init_cache = prefix_decoder(table * 2.0)
@@ -274,9 +294,9 @@ def test_length_bounds_keep_exactly_the_sequences_of_allowed_length(alpha):
     np.testing.assert_array_equal(sequences[b, :found], [seq for _, seq in expected])
     assert np.all(np.asarray(scores[b, found:]) == -np.inf)
     assert not np.asarray(sequences[b, found:]).any()
-  # Oracle rows: every hypothesis found (1 of length 1, 3 * 3 of length 3) has that length.
+  # Oracle rows: every hypothesis found (1 of length 1, 2 * 2 of length 3) has that length.
   valid = np.asarray(scores) > -np.inf
-  assert valid[0].sum() == 1 and valid[2].sum() == 9
+  assert valid[0].sum() == 1 and valid[2].sum() == 4
   assert (np.asarray(sequences[0])[valid[0], 0] == EOS).all()
   assert (np.asarray(sequences[2])[valid[2], 2] == EOS).all()
 
