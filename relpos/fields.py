@@ -118,13 +118,15 @@ def close_names(name: str, known: Sequence[str]) -> list[str]:
 
 def did_you_mean(candidates: Sequence[str], path: str = "") -> str:
   """" Did you mean 'x'?" for the first of the names close to a mistyped one, appended to the
-  message for a field that does not exist; for none, a hint at --import when the field's
-  dotted `path` is under model. (a field of a position variant of the user's own), else ""."""
-  if candidates:
-    return f" Did you mean {candidates[0]!r}?"
+  message for a field that does not exist, and a hint at --import when the field's dotted
+  `path` is under model. (a field of a position variant of the user's own, forgotten --import:
+  `kerple_shared_across_layers` is close to `relative_shared_across_layers`)."""
+  meant = f" Did you mean {candidates[0]!r}?" if candidates else ""
   if path.startswith("model."):
-    return " A field of a position variant of your own? Pass its module with --import first."
-  return ""
+    own = " Or a" if candidates else " A"
+    return (f"{meant}{own} field of a position variant of your own? Pass its module with "
+            f"--import first.")
+  return meant
 
 
 def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str, *,

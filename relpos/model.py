@@ -168,13 +168,24 @@ class _Stack(nnx.Module):
   def _final(self, x: jax.Array) -> jax.Array:
     return x if self.final_norm is None else self.final_norm(x)
 
+  @staticmethod
+  def _layer_positions(variant: variants.Variant, num_layers: int, *, causal: bool,
+                       rngs: nnx.Rngs) -> list[variants.AttentionPosition | None]:
+    """`variant.self_attention(...)`: one entry per layer, else a ValueError naming it."""
+    positions = list(variant.self_attention(num_layers, causal=causal, rngs=rngs))
+    if len(positions) != num_layers:
+      raise ValueError(f"position variant {variant.name!r}: self_attention({num_layers}, "
+                       f"causal={causal}) returned {len(positions)} entries; the stack has "
+                       f"{num_layers} layers, one entry (or None) each.")
+    return positions
+
 
 class Encoder(_Stack):
   """Embedding and a stack of EncoderLayers."""
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
-    positions = variant.self_attention(config.num_encoder_layers, causal=False, rngs=rngs)
+    positions = self._layer_positions(variant, config.num_encoder_layers, causal=False, rngs=rngs)
     self.layers = nnx.List([EncoderLayer(config, position, rngs=rngs) for position in positions])
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array, mask: jax.Array,
@@ -191,7 +202,7 @@ class Decoder(_Stack):
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
-    positions = variant.self_attention(config.num_decoder_layers, causal=True, rngs=rngs)
+    positions = self._layer_positions(variant, config.num_decoder_layers, causal=True, rngs=rngs)
     self.layers = nnx.List([DecoderLayer(config, position, rngs=rngs) for position in positions])
     self.logits = (None if config.logits_via_embedding else nnx.Linear(
         config.emb_dim, config.vocab_size, kernel_init=nnx.initializers.xavier_uniform(),

@@ -74,7 +74,7 @@ class TransformerConfig:
     if self.qkv_dim % self.num_heads:
       raise fields.invalid("model.num_heads", self.num_heads,
                            f"a divisor of model.qkv_dim={self.qkv_dim}")
-    variants.get(self.position).check(self)
+    _check_variant(variants.get(self.position), self)
     if self.attention_implementation == "cudnn":
       check_cudnn(self)
 
@@ -123,7 +123,7 @@ class TransformerConfig:
           f"one of {', '.join(map(repr, variants.names()))} (a variant of "
           f"your own: --import=<its module>)")
     own = variants.get(position).fields
-    for name, field in variants.all_fields().items():
+    for name, field in variant_fields().items():
       if name in given and name not in own:
         if given[name] != field.default:
           logging.info(
@@ -151,7 +151,41 @@ def default_config() -> ml_collections.ConfigDict:
   default (so that the command line can set any of them; validation keeps the selected
   variant's)."""
   return ml_collections.ConfigDict(
-      {name: field.default for name, field in {**FIELDS, **variants.all_fields()}.items()})
+      {name: field.default for name, field in {**FIELDS, **variant_fields()}.items()})
+
+
+def _check_variant(variant: type[variants.Variant], config: TransformerConfig) -> None:
+  """`variant.check(config)`; any error of a user's variant other than the ValueError it is to
+  raise is named in one line, with the variant and its file."""
+  try:
+    variant.check(config)
+  except ValueError:
+    raise
+  except Exception as e:
+    if variant.name in variants.BUILT_IN:
+      raise
+    raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}): its "
+                     f"check(config) failed ({type(e).__name__}: {e}); check is a classmethod "
+                     f"that raises ValueError for a config it refuses.") from e
+
+
+def variant_fields() -> dict[str, fields.Field]:
+  """The `model.*` fields of every registered variant (`variants.all_fields`).
+
+  Raises:
+    ValueError: a variant declares a field named like one of the architecture's or an
+      attribute of TransformerConfig (`num_heads`, `head_dim`): it would change the default of
+      every run, or read back the architecture's value.
+  """
+  found = variants.all_fields()
+  reserved = set(FIELDS) | {f.name for f in dataclasses.fields(TransformerConfig)}
+  for name in found:
+    if name in reserved or hasattr(TransformerConfig, name):
+      variant = variants.get(variants.owner(name))
+      raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}) declares "
+                       f"field model.{name}, which is the Transformer's own; give it a name of "
+                       f"the variant's (e.g. {variant.name}_{name}).")
+  return found
 
 
 def check_cudnn(config: TransformerConfig) -> None:

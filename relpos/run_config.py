@@ -343,7 +343,7 @@ def effect(path: str) -> str:
   TOKENIZER, PARAMETERS or SELECTION)."""
   section, _, name = path.rpartition(".")
   if section == MODEL:
-    field = {**model_config.FIELDS, **variants.all_fields()}.get(name)
+    field = {**model_config.FIELDS, **model_config.variant_fields()}.get(name)
     default = fields.PARAMETERS
   else:
     field = SECTIONS.get(section, {}).get(name)

@@ -1,18 +1,20 @@
 """A trial of a position variant of the user's own, before a program does any work.
 
-A variant registered outside relpos (`--import`) runs once under `jax.eval_shape` on a tiny
-batch, as training and cached decoding call it, so that code that raises, or terms of the
-wrong shape, stop a program with one line naming the variant and its file. Then a small model
-of it (the run's variant and its fields; width 8 a head, one layer a stack, float32) runs on two
-sentence pairs, and must keep the two contracts the built-in variants are tested for
-(tests/test_model.py, with the same functions): cached decoding equals the teacher-forced pass
-(`cached_and_full_logits`), and a packed batch equals its sentences alone
-(`packed_and_alone_logits`). A variant that reads `jnp.arange` instead of the positions it is
-given, or one row's positions for the whole batch, fails one of them.
+A variant other than relpos's own (`variants.BUILT_IN`; registered by `--import`) runs once
+under `jax.eval_shape` on a tiny batch, as training and cached decoding call it, so that code
+that raises, terms of the wrong shape, or a layer count unlike the model's, stop a program with
+one line naming the variant and its file. Then a small model of it (the run's variant and its
+fields; width 8 a head, one layer a stack, float32) runs on two sentence pairs, and must keep
+the two contracts the built-in variants are tested for (tests/test_model.py, with the same
+functions): cached decoding equals the teacher-forced pass (`cached_and_full_logits`), and a
+packed batch equals its sentences alone (`packed_and_alone_logits`). A variant that reads
+`jnp.arange` instead of the positions it is given, or one row's positions for the whole batch,
+fails one of them. Last, the statistics its `add_statistics` stores after training must be
+JSON.
 """
 import dataclasses
 import functools
-import sys
+import json
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +28,7 @@ from relpos.model_config import TransformerConfig
 # Two source / target pairs (ids below 12; 0 pads, 1 ends); row 0 pads inputs and targets.
 INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
 TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
-# How far the numeric trial's logits may differ (float32, a model of width 16).
+# How far the numeric trial's logits may differ (float32, a model of width 8 a head).
 TRIAL_ATOL = 1e-4
 
 
@@ -121,7 +123,10 @@ def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
 
 
 def _numeric_problem(model_config: TransformerConfig) -> str | None:
-  """What `_trial_model` does against the two contracts, or None when it keeps both."""
+  """What `_trial_model` does against the two contracts, or what its `add_statistics` stores
+  that a result.json cannot hold; None when all is well."""
+  # Lazily: the statistics a table stores after training (matplotlib comes with them).
+  from relpos.experiments import analysis  # pylint: disable=g-import-not-at-top
   model = _trial_model(model_config)
   for what, (got, want), hint in (
       ("cached decoding differs from the teacher-forced pass", cached_and_full_logits(model),
@@ -132,12 +137,11 @@ def _numeric_problem(model_config: TransformerConfig) -> str | None:
     difference = float(np.abs(got - want).max())
     if not difference <= TRIAL_ATOL:
       return f"{what} by up to {difference:.2g} in logits ({hint})"
+  try:
+    json.dumps(analysis.position_statistics(model, INPUTS))
+  except TypeError as e:  # stored after training, in result.json
+    return f"add_statistics stores what JSON cannot hold ({e}; store lists and numbers)"
   return None
-
-
-def _origin(variant: type[variants.Variant]) -> str:
-  """Where a variant's code comes from: its module's file, else its module's name."""
-  return getattr(sys.modules.get(variant.__module__), "__file__", None) or variant.__module__
 
 
 def check_variant(model_config: TransformerConfig) -> None:
@@ -147,14 +151,14 @@ def check_variant(model_config: TransformerConfig) -> None:
   variant of the user's own (`--import`) whose code raises, whose terms have the wrong shape,
   or that breaks either contract, stops a program before it does any work or writes any file.
 
-  The built-in variants (of relpos itself) are tested instead and skip the trial.
+  The built-in variants (`variants.BUILT_IN`) are tested instead and skip the trial.
 
   Raises:
     ValueError: the trial failed, naming the variant, its module and the first line of the
       error (e.g. the bias shape returned and the one expected).
   """
   variant = variants.get(model_config.position)
-  if variant.__module__.split(".")[0] != "relpos":
+  if variant.name not in variants.BUILT_IN:
     _check_plug_in(model_config, variant)
 
 
@@ -167,8 +171,8 @@ def _check_plug_in(model_config: TransformerConfig, variant: type[variants.Varia
   except Exception as e:  # the user's code: any error is theirs, named in one line
     cause = (str(e).strip().splitlines() or [""])[0]
     cause = cause if isinstance(e, ValueError) else f"{type(e).__name__}: {cause}"
-    raise ValueError(f"position variant {variant.name!r} ({_origin(variant)}) fails on a trial "
-                     f"batch, before any work: {cause.rstrip('.')}.") from e
+    raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}) fails on "
+                     f"a trial batch, before any work: {cause.rstrip('.')}.") from e
   if problem:
-    raise ValueError(f"position variant {variant.name!r} ({_origin(variant)}) fails its trial "
-                     f"on two sentence pairs, before any work: {problem}.")
+    raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}) fails its "
+                     f"trial on two sentence pairs, before any work: {problem}.")

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from relpos import source_tree
+from relpos import variants
 
 from relpos.experiments import tables
 
@@ -41,6 +42,18 @@ def test_a_row_of_a_table():
                              "ablation") and tables.TABLES["ablation"] == (tables.ABLATION_ROWS)
   with pytest.raises(ValueError, match="unknown ablation row 'rel_q'"):
     tables.row_config("rel_q", "synthetic")
+
+
+def test_a_variant_of_ones_own_named_like_a_row_is_refused(variant_registry):  # pylint: disable=unused-argument
+  """`--rows=rel_k` ran Shaw et al.'s row in its place, without a word."""
+  class RelK(variants.Variant):
+    pass
+
+  variants.register("rel_k")(RelK)
+  with pytest.raises(
+      ValueError, match=r"^position variant 'rel_k' \(.*test_experiments_tables.py\) is named "
+      r"like the table row 'rel_k' .*; register it under a name of its own to run it as a row\.$"):
+    tables.row_config("rel_k", "synthetic")
 
 
 def test_every_row_a_table_names_is_one_it_takes():

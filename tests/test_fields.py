@@ -73,3 +73,9 @@ def test_a_mistyped_name_is_offered_the_names_it_begins_or_the_closest():
   assert fields.close_names("learning_rate", known) == []
   assert fields.did_you_mean(["num_steps"]) == " Did you mean 'num_steps'?"
   assert fields.did_you_mean([]) == ""
+  # Under model., a forgotten --import is named beside the closest name.
+  assert fields.did_you_mean(["relative_shared_across_layers"],
+                             "model.kerple_shared_across_layers") == (
+                                 " Did you mean 'relative_shared_across_layers'? Or a field of a "
+                                 "position variant of your own? Pass its module with --import "
+                                 "first.")

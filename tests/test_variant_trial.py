@@ -155,3 +155,47 @@ def test_a_variant_that_breaks_a_contract_stops_before_any_work(name, distances,
     variant_trial.check_variant(_config(name))
   variants.register(f"{name}_fixed")(_distance_variant(lambda q, k: k[:, None, :] - q[:, :, None]))
   variant_trial.check_variant(_config(f"{name}_fixed"))  # the positions it is given: passes
+
+
+class _OneLayerVariant(variants.Variant):
+  """One position module for a stack of any depth: the model would build one layer."""
+  def self_attention(self, num_layers, *, causal, rngs):
+    return [None]
+
+
+def test_a_variant_with_one_entry_for_a_deeper_stack_stops_before_any_work():
+  """The model built a layer per entry: 1 layer where the config said 2, config.json unchanged."""
+  variants.register("one_layer")(_OneLayerVariant)
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "fails on a trial batch, before any work: position variant 'one_layer': "
+          "self_attention(2, causal=False) returned 1 entries; the stack has 2 layers")):
+    variant_trial.check_variant(_config("one_layer"))
+
+
+class _ArrayStatistics(variants.AttentionPosition):
+  def add_statistics(self, statistics, query, valid):
+    statistics["mean_query"] = jnp.mean(query)  # a jax array: result.json cannot hold it
+
+
+class _ArrayStatisticsVariant(variants.Variant):
+  def self_attention(self, num_layers, *, causal, rngs):
+    return [_ArrayStatistics() for _ in range(num_layers)]
+
+
+def test_statistics_that_json_cannot_hold_stop_before_any_work():
+  """They failed only after training and evaluation, and the run's result.json was lost."""
+  variants.register("array_statistics")(_ArrayStatisticsVariant)
+  with pytest.raises(
+      ValueError, match=r"^position variant 'array_statistics' \(.*test_variant_trial.py\) fails "
+      r"its trial on two sentence pairs, before any work: add_statistics stores what JSON cannot "
+      r"hold \(Object of type ArrayImpl is not JSON serializable; store lists and numbers\)\.$"):
+    variant_trial.check_variant(_config("array_statistics"))
+
+
+def test_a_variant_registered_inside_the_relpos_package_is_tried_too(monkeypatch):
+  """Built-in means of relpos's own list (variants.BUILT_IN), not of a module under relpos."""
+  monkeypatch.setattr(_OneLayerVariant, "__module__", "relpos.variants.mine")
+  variants.register("mine")(_OneLayerVariant)
+  with pytest.raises(ValueError, match="returned 1 entries"):
+    variant_trial.check_variant(_config("mine"))

@@ -93,6 +93,45 @@ def test_register_refuses_a_taken_name_or_field(registered):
     variants.register("plain")(dict)
 
 
+def test_register_refuses_a_built_in_name_for_a_class_of_another_module(registered):
+  """A class named like the built-in one replaced it silently: the row `rope` ran the user's."""
+  class Rope(variants.Variant):
+    pass
+
+  Rope.__qualname__ = variants.get("rope").__qualname__
+  with pytest.raises(ValueError, match=r"'rope' is already registered \(relpos\.variants\.rope\."):
+    variants.register("rope")(Rope)
+  assert variants.get("rope").__module__ == "relpos.variants.rope"
+  variants.register("distance_bias")(DistanceBiasVariant)  # the same class again: in its place
+  assert variants.get("distance_bias") is DistanceBiasVariant
+
+
+@pytest.mark.parametrize("name", ["num_heads", "head_dim", "vocab_size"])
+def test_a_variant_field_named_like_the_transformers_own_is_refused(variant_registry, name):  # pylint: disable=unused-argument
+  """`num_heads` changed the default of every row; `head_dim` read back the architecture's."""
+  class Clash(variants.Variant):
+    fields = {name: fields.Field(8, fields.integer(1), "clashes")}
+
+  variants.register("clash")(Clash)
+  with pytest.raises(
+      ValueError, match=rf"^position variant 'clash' \(.*test_variants.py\) declares field "
+      rf"model\.{name}, which is the Transformer's own; give it a name of the variant's "
+      rf"\(e\.g\. clash_{name}\)\.$"):
+    model_config.default_config()
+
+
+def test_a_check_that_fails_otherwise_than_by_value_error_is_named_in_one_line(variant_registry):  # pylint: disable=unused-argument
+  class InstanceCheck(variants.Variant):
+    def check(self, config):  # not a classmethod
+      pass
+
+  variants.register("instance_check")(InstanceCheck)
+  with pytest.raises(
+      ValueError, match=r"^position variant 'instance_check' \(.*test_variants.py\): its "
+      r"check\(config\) failed \(TypeError: .*\); check is a classmethod"):
+    model_config.TransformerConfig.from_config(model_fields(position="instance_check"), VOCAB)
+
+
 def _model(**overrides) -> model_lib.Transformer:
   config = model_fields(**overrides)
   return model_lib.Transformer(model_config.TransformerConfig.from_config(config, VOCAB),

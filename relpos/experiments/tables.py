@@ -119,10 +119,19 @@ def task_config(task: str) -> ml_collections.ConfigDict:
 
 
 def variant_rows() -> tuple[str, ...]:
-  """Registered position variants without a row of `ROWS` named after them (a user's own,
-  imported with --import): each is a row of its own name, with its fields at their defaults."""
-  taken = set(ROWS) | {row["position"] for row in ROWS.values()}
-  return tuple(name for name in variants.names() if name not in taken)
+  """The registered position variants other than relpos's own (a user's, imported with
+  --import): each is a row of its own name, with its fields at their defaults.
+
+  Raises:
+    ValueError: one is named like a row of `ROWS`, which `--rows` would run in its place.
+  """
+  own = tuple(name for name in variants.names() if name not in variants.BUILT_IN)
+  for name in own:
+    if name in ROWS:
+      raise ValueError(f"position variant {name!r} ({variants.origin(variants.get(name))}) is "
+                       f"named like the table row {name!r} ({ROWS[name]}); register it under "
+                       f"a name of its own to run it as a row.")
+  return own
 
 
 def row_overrides(row: str) -> dict[str, object]:
@@ -130,18 +139,19 @@ def row_overrides(row: str) -> dict[str, object]:
   name of `variant_rows()`.
 
   Raises:
-    ValueError: for an unknown row name or a malformed k.
+    ValueError: for an unknown row name or a malformed k (or from `variant_rows`).
   """
+  own_variants = variant_rows()  # refuses one named like a row of ROWS
   if row in ROWS:
     return dict(ROWS[row])
-  if row in variant_rows():
+  if row in own_variants:
     return {"position": row, "add_absolute": False}
   if row.startswith(_K_PREFIX):
     k = row[len(_K_PREFIX):]
     if not k.isdigit():
       raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
     return {**ROWS["rel_kv"], "max_relative_position": int(k)}
-  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *variant_rows()))} "
+  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *own_variants))} "
                    f"or k=<int> (the paper's grid: {', '.join(map(str, K_GRID))}); a variant of "
                    f"your own: --import=<its module>.")
 

@@ -16,12 +16,15 @@ built-in ones.
 """
 from relpos.variants.interface import AttentionPosition, AttentionTerms, StochasticEmbedding
 from relpos.variants.interface import Variant
-from relpos.variants.interface import all_fields, get, names, owner, register
+from relpos.variants.interface import all_fields, get, names, origin, owner, register
 # Importing a built-in variant registers it; the order is the order of `names()`.
 # pylint: disable-next=g-bad-import-order,wrong-import-position
 from relpos.variants import none, absolute, relative, t5, rope, alibi, fire, shape, randomized  # noqa: F401,E501
 
+# The variants of relpos itself (tested by its tests); any other is a user's, tried before use.
+BUILT_IN: tuple[str, ...] = names()
+
 __all__ = [
-    "AttentionPosition", "AttentionTerms", "StochasticEmbedding", "Variant", "all_fields", "get",
-    "names", "owner", "register"
+    "AttentionPosition", "AttentionTerms", "BUILT_IN", "StochasticEmbedding", "Variant",
+    "all_fields", "get", "names", "origin", "owner", "register"
 ]

@@ -25,6 +25,7 @@ It may also report what its position term learned (`add_statistics`, read by
 `relpos.experiments.analysis`).
 """
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -158,15 +159,20 @@ V = TypeVar("V", bound=type[Variant])
 def register(name: str) -> Callable[[V], V]:
   """Class decorator: registers a `Variant` subclass as `model.position=<name>`.
 
+  A class of the same module and name registers again in its place (a module imported
+  again, a notebook cell run again).
+
   Raises:
     ValueError: a name taken by another class, or a field another variant declares.
   """
   def decorate(cls: V) -> V:
     if not (isinstance(cls, type) and issubclass(cls, Variant)):
       raise ValueError(f"variant {name!r}: {cls!r} is not a relpos.variants.Variant subclass.")
-    if _REGISTRY.get(name, cls).__qualname__ != cls.__qualname__:
+    registered = _REGISTRY.get(name, cls)
+    if (registered.__module__, registered.__qualname__) != (cls.__module__, cls.__qualname__):
       raise ValueError(f"position variant {name!r} is already registered "
-                       f"({_REGISTRY[name].__module__}.{_REGISTRY[name].__qualname__}).")
+                       f"({registered.__module__}.{registered.__qualname__}); give "
+                       f"{cls.__qualname__} a name of its own.")
     for other in _REGISTRY.values():
       taken = {
           field for field in set(other.fields) & set(cls.fields)
@@ -202,6 +208,11 @@ def get(name: str) -> type[Variant]:
 def all_fields() -> dict[str, fields_lib.Field]:
   """The `model.*` fields of every registered variant."""
   return {name: field for cls in _REGISTRY.values() for name, field in cls.fields.items()}
+
+
+def origin(variant: type[Variant]) -> str:
+  """Where a variant's code comes from: its module's file, else its module's name."""
+  return getattr(sys.modules.get(variant.__module__), "__file__", None) or variant.__module__
 
 
 def owner(field: str) -> str:
