@@ -138,15 +138,19 @@ def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) ->
   }
 
 
-def record_start(workdir: str, step: int, commit: str) -> None:
+def record_start(workdir: str, step: int, commit: str,
+                 variant_code: dict[str, Any] | None = None) -> None:
   """Appends a start of the run (UTC time, the step it starts from, the source commit, the
-  host and its usable CPU cores) to `workdir/starts.jsonl` (process 0)."""
+  host and its usable CPU cores, and the code of a position variant of the user's own:
+  `user_modules.variant_code`) to `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
       "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
       "commit": commit, "host": socket.gethostname(), "cpus": usable_cpus()
   }
+  if variant_code is not None:
+    record["variant_code"] = variant_code
   with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n")
 

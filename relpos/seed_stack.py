@@ -27,6 +27,7 @@ from relpos import device_mesh
 from relpos import metrics_writer
 from relpos import run_config
 from relpos import source_tree
+from relpos import user_modules
 from relpos import steps as steps_lib
 from relpos import train
 from relpos.data import pipeline
@@ -118,7 +119,8 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
     restored = {int(o.state["step"]) for o in opened}
     if len(restored) == 1:
       for workdir, one in zip(workdirs, opened):
-        metrics_writer.record_start(workdir, int(one.state["step"]), source_tree.commit())
+        metrics_writer.record_start(workdir, int(one.state["step"]), source_tree.commit(),
+                                    user_modules.variant_code(configs[0].model.position))
       return _stacked_loop(configs, workdirs, steps, opened, started)
   logging.warning("The seeds resume from different steps (%s): each trains alone, not stacked.",
                   ", ".join(f"{w}: {int(o.state['step'])}" for w, o in zip(workdirs, opened)))

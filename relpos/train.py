@@ -34,6 +34,7 @@ from relpos import metrics_writer
 from relpos import recorder
 from relpos import run_config
 from relpos import source_tree
+from relpos import user_modules
 from relpos import steps as steps_lib
 from relpos import train_state
 from relpos.data import pipeline
@@ -86,7 +87,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     config = run_config.validate(config)
   steps = steps_lib.get_steps(device_mesh.make_mesh(), config.model, config.train)
   with open_workdir(config, workdir, steps) as opened:
-    metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit())
+    metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit(),
+                                user_modules.variant_code(config.model.position))
     return _train_loop(config, workdir, steps, opened, started)
 
 

@@ -1,5 +1,7 @@
 """The user's own modules (`--import`): imported before any config is built, recorded in a
-run's workdir (imports.json) and imported again from there by evaluation."""
+run's workdir (imports.json) and imported again from there by evaluation; and the identity of
+a user's position variant's code (`variant_code`), which a run records at each start."""
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -12,6 +14,7 @@ import jax
 from absl import logging
 
 from relpos import json_files
+from relpos import variants
 from relpos import workdir_files
 
 _IMPORTED: list[str] = []  # what `import_modules` imported in this process, in order
@@ -115,6 +118,21 @@ def write_imports(workdir: str, needed: str | None = None) -> None:
     modules = [m for m in modules if _module_name(m) == needed]
   if modules:
     json_files.write_json(os.path.join(workdir, workdir_files.IMPORTS_FILE), modules, indent=2)
+
+
+def variant_code(position: str) -> dict[str, str | None] | None:
+  """The code of position variant `position` when it is a user's own (None for relpos's own,
+  `variants.BUILT_IN`): {"file": the file of the module that registers it, "sha256": of that
+  file's bytes (None for a module without a file)}. A run records it at each start, so that a
+  table can tell a run made by code edited since (`relpos.experiments.runner.pending_runs`);
+  code the file imports from elsewhere is not covered."""
+  if position in variants.BUILT_IN:
+    return None
+  file = variants.origin(variants.get(position))
+  if not os.path.isfile(file):
+    return {"file": file, "sha256": None}
+  with open(file, "rb") as f:
+    return {"file": file, "sha256": hashlib.sha256(f.read()).hexdigest()}
 
 
 def import_recorded(workdir: str) -> None:

@@ -4,6 +4,7 @@ test_experiments_children.py)."""
 
 import contextlib
 import datetime
+import functools
 import io
 import json
 import os
@@ -311,6 +312,32 @@ def test_an_unfinished_run_started_with_another_config_stops_the_table_before_an
   assert runner.pending_runs(runner.table_runs("ablation", "synthetic", ["abs"], [0], output_dir),
                              task="synthetic", overrides={**overrides, "train.log_every_steps": 1},
                              retrain_changed=False)  # resumes it
+
+
+def test_a_run_made_by_a_users_variant_edited_since_stops_the_table(finished_table, tmp_path,
+                                                                    monkeypatch):
+  """A table reused a finished run of a variant of one's own after its file was edited."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  monkeypatch.setattr(single_run.train, "train_and_evaluate", _must_not_train)
+  now = {"file": "/x/mine.py", "sha256": "b" * 64}
+  monkeypatch.setattr(runner.user_modules, "variant_code", lambda position: now)
+  path = os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")
+  result = json.loads(open(path).read())
+  for sha256, stops in (("a" * 64, True), ("b" * 64, False)):
+    result["starts"][-1]["variant_code"] = {"file": "/x/mine.py", "sha256": sha256}
+    with open(path, "w") as f:
+      json.dump(result, f)
+    table = functools.partial(runner.run_table, "ablation", task="synthetic", seeds=[0],
+                              output_dir=output_dir, rows=["abs"], overrides=overrides)
+    if stops:
+      with pytest.raises(
+          ValueError, match=re.escape(
+              f"{path} was made with the code of position variant 'absolute' (/x/mine.py)="
+              "'sha256:aaaaaaaaaaaa', not the 'sha256:bbbbbbbbbbbb' asked: pass --retrain_changed")
+      ):
+        table()
+    else:
+      table()  # the same file: reused
 
 
 def test_a_run_asked_otherwise_than_the_folders_other_runs_stops_the_table(

@@ -39,6 +39,10 @@ def test_starts_are_appended_in_order(tmp_path):
   starts = metrics_writer.read_starts(str(tmp_path))
   assert [(s["step"], s["commit"]) for s in starts] == [(0, "abc1234"), (500, "def5678-dirty")]
   assert all(s["started_at"].endswith("Z") and s["host"] for s in starts)
+  assert not any("variant_code" in s for s in starts)  # relpos's own variant: nothing to name
+  code = {"file": "/x/kerple.py", "sha256": "ab" * 32}
+  metrics_writer.record_start(str(tmp_path), 600, "def5678", code)
+  assert metrics_writer.read_starts(str(tmp_path))[-1]["variant_code"] == code
   assert metrics_writer.read_starts(str(tmp_path / "nowhere")) == []
 
 

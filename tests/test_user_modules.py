@@ -1,5 +1,6 @@
 """Tests for relpos.user_modules: --import of the user's modules and their record in a
 workdir."""
+import hashlib
 import json
 import sys
 
@@ -34,6 +35,23 @@ def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match=r"--import=\S*mine\.py: \S*mine\.py lies inside the "
                      r"workdir"):
     user_modules.import_modules([str(module)], refuse_under=str(tmp_path))
+
+
+def test_the_code_of_a_users_variant_is_its_files_hash(tmp_path, monkeypatch, variant_registry):  # pylint: disable=unused-argument
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  module = tmp_path / "code_variant.py"
+  module.write_text("from relpos import variants\n\n"
+                    "@variants.register('code_variant')\n"
+                    "class CodeVariant(variants.Variant):\n  pass\n")
+  monkeypatch.delitem(sys.modules, "code_variant", raising=False)
+  user_modules.import_modules([str(module)])
+  assert user_modules.variant_code("code_variant") == {
+      "file": str(module), "sha256": hashlib.sha256(module.read_bytes()).hexdigest()
+  }
+  module.write_text(module.read_text() + "# edited\n")  # read when asked: the file as it is now
+  assert user_modules.variant_code("code_variant")["sha256"] == hashlib.sha256(
+      module.read_bytes()).hexdigest()
+  assert user_modules.variant_code("relative") is None
 
 
 @pytest.mark.parametrize("body, words", [("sys.exit(3)", "exited with status 3"),

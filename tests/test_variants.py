@@ -269,14 +269,25 @@ def test_a_users_variant_is_a_row_of_the_ablation_table(tmp_path):
   listed = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--list")
   assert ("table ablation: abs, rel_kv, rel_k, rel_v, none, t5, abs_rel_kv, rope, alibi "
           "(with --rows also: fire, shape, randomized, rel_kv_concat, kerple)") in listed.stdout
-  table = _run("-m", "relpos.experiments.run", f"--import={KERPLE}", "--rows=kerple", "--task=tiny",
-               "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
-               "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
-               "--parallel=2", f"--output_dir={tmp_path}")
+  kerple = tmp_path / "kerple.py"
+  kerple.write_text(KERPLE.read_text())
+  output_dir = tmp_path / "table"
+  command = ("-m", "relpos.experiments.run", f"--import={kerple}", "--rows=kerple", "--task=tiny",
+             "--config.train.num_steps=4", "--set=decode.length_diagnostics=False",
+             "--config.train.eval_every_steps=4", "--config.train.checkpoint_every_steps=4",
+             "--parallel=2", f"--output_dir={output_dir}")
+  table = _run(*command)
   assert table.returncode == 0, table.stdout[-2000:] + table.stderr[-2000:]
-  results = json.loads((tmp_path / "results.json").read_text())
+  results = json.loads((output_dir / "results.json").read_text())
   assert [run["row"] for run in results["runs"]] == ["kerple"]
-  assert "| kerple |" in (tmp_path / "table.md").read_text()
+  assert results["runs"][0]["starts"][0]["variant_code"]["file"] == str(kerple)
+  assert "| kerple |" in (output_dir / "table.md").read_text()
+  # The variant's file edited since: its finished run is not reused without a word.
+  kerple.write_text(kerple.read_text().replace("jnp.log1p(", "jnp.log1p(2 * "))
+  again = _run(*command)
+  assert again.returncode == 1 and again.stderr.count("\n") == 1, again.stderr[-2000:]
+  assert (f"was made with the code of position variant 'kerple' ({kerple})='sha256:"
+          in again.stderr) and "pass --retrain_changed" in again.stderr
 
 
 def test_docs_worked_example_is_examples_kerple():

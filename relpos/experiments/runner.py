@@ -37,6 +37,7 @@ from absl import logging
 from relpos import checkpoints
 from relpos import run_config as config_lib
 from relpos import locks
+from relpos import metrics_writer
 from relpos import seed_stack
 from relpos import source_tree
 from relpos import user_modules
@@ -233,6 +234,22 @@ def _saved_config(run: Run) -> tuple[str, config_lib.RunConfig] | None:
   return started, config_lib.read(started)
 
 
+def _code_differences(run: Run, finished: bool, position: str) -> list[tuple[str, Any, Any]]:
+  """[(what, before, now)] when the run's position variant is a user's own whose file differs
+  from the one its last start recorded (`user_modules.variant_code`), else [] (also for a run
+  started before starts recorded it)."""
+  now = user_modules.variant_code(position)
+  if now is None or now["sha256"] is None:
+    return []
+  starts = (results.read_result(run.result).get("starts", [])
+            if finished else metrics_writer.read_starts(run.workdir))
+  recorded = [start["variant_code"] for start in starts if start.get("variant_code")]
+  if not recorded or recorded[-1]["sha256"] in (None, now["sha256"]):
+    return []
+  return [(f"the code of position variant {position!r} ({now['file']})",
+           f"sha256:{recorded[-1]['sha256'][:12]}", f"sha256:{now['sha256'][:12]}")]
+
+
 def _move_aside(run: Run) -> str:
   """Renames a run's workdir to `<workdir>.replaced-<UTC time>` (kept, never deleted)."""
   stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -298,8 +315,10 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
   with a config that differs from the request in a field that changes a result (with
   `retrain_changed`: moved aside, to train from the start). An unfinished run resumed with
   another learning rate or budget would be neither run, and its result.json would name only
-  the second config. With `output_dir`, the other finished runs there are checked to be made
-  alike (`check_made_alike`) before any run is moved aside.
+  the second config. A position variant of the user's own whose file was edited since the
+  run's last start counts as such a field (`_code_differences`). With `output_dir`, the other
+  finished runs there are checked to be made alike (`check_made_alike`) before any run is
+  moved aside.
 
   Raises:
     ValueError: (not `retrain_changed`) a run made or started with a config that differs from
@@ -314,8 +333,11 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
       continue
     path, saved_config = made_with
     requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
-    differences = config_lib.result_differences(saved_config, requested)
     finished = path == run.result
+    differences = [
+        *config_lib.result_differences(saved_config, requested),
+        *_code_differences(run, finished, requested.model.position)
+    ]
     if not differences:
       if finished:
         print(f"relpos: {run.workdir} is finished; skipping it.", flush=True)
