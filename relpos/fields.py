@@ -61,7 +61,8 @@ class Field:
 
   def __post_init__(self):
     if not self.rule.check(self.default):
-      raise ValueError(f"Field default {self.default!r} is not {self.rule.allowed}.")
+      about = f" (the field of {self.doc!r})" if self.doc else ""
+      raise ValueError(f"Field default {self.default!r}{about} is not {self.rule.allowed}.")
 
   @property
   def value_when_absent(self) -> Any:

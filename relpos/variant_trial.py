@@ -159,7 +159,12 @@ def check_variant(model_config: TransformerConfig) -> None:
   """
   variant = variants.get(model_config.position)
   if variant.name not in variants.BUILT_IN:
-    _check_plug_in(model_config, variant)
+    try:
+      hash(model_config)
+    except TypeError:  # a field of the variant holds a list: tried each time, not cached
+      _check_plug_in.__wrapped__(model_config, variant)
+    else:
+      _check_plug_in(model_config, variant)
 
 
 @functools.lru_cache(maxsize=16)

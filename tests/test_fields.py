@@ -31,6 +31,10 @@ def test_rules_accept_what_they_say_and_nothing_else():
 def test_a_field_refuses_a_default_it_does_not_accept():
   with pytest.raises(ValueError, match=r"^Field default 0 is not an integer >= 1\.$"):
     fields.Field(0, fields.integer(1))
+  with pytest.raises(
+      ValueError, match=r"^Field default -1 \(the field of 'the largest distance'\) is not an "
+      r"integer >= 0\.$"):
+    fields.Field(-1, fields.integer(0), "the largest distance")
 
 
 def test_value_when_absent_is_the_default_unless_the_field_says_otherwise():

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import tiny
+from relpos import fields
 from relpos import model_config
 from relpos import train
 from relpos import variant_trial
@@ -199,3 +200,15 @@ def test_a_variant_registered_inside_the_relpos_package_is_tried_too(monkeypatch
   variants.register("mine")(_OneLayerVariant)
   with pytest.raises(ValueError, match="returned 1 entries"):
     variant_trial.check_variant(_config("mine"))
+
+
+def test_a_variant_field_that_holds_a_list_is_tried_too():
+  """Its config cannot be the trial's cache key (a list is unhashable): that was a traceback."""
+  class ListField(variants.Variant):
+    fields = {
+        "list_widths": fields.Field([1, 2], fields.Rule("a list", lambda v: isinstance(v, list)),
+                                    "one width a layer")
+    }
+
+  variants.register("list_field")(ListField)
+  variant_trial.check_variant(_config("list_field"))

@@ -92,6 +92,14 @@ def test_register_refuses_a_taken_name_or_field(registered):
   with pytest.raises(ValueError, match="not a relpos.variants.Variant subclass"):
     variants.register("plain")(dict)
 
+  class DocOnly(variants.Variant):
+    fields = {"window": "the largest distance"}  # a doc where the Field belongs
+
+  with pytest.raises(
+      ValueError, match=r"^variant 'doc_only': fields\['window'\] is 'the largest distance', "
+      r"not a relpos.fields.Field\(default, rule, doc\)\.$"):
+    variants.register("doc_only")(DocOnly)
+
 
 def test_register_refuses_a_built_in_name_for_a_class_of_another_module(registered):
   """A class named like the built-in one replaced it silently: the row `rope` ran the user's."""

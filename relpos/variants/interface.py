@@ -163,11 +163,16 @@ def register(name: str) -> Callable[[V], V]:
   again, a notebook cell run again).
 
   Raises:
-    ValueError: a name taken by another class, or a field another variant declares.
+    ValueError: a name taken by another class, a field that is not a `relpos.fields.Field`, or
+      a field another variant declares.
   """
   def decorate(cls: V) -> V:
     if not (isinstance(cls, type) and issubclass(cls, Variant)):
       raise ValueError(f"variant {name!r}: {cls!r} is not a relpos.variants.Variant subclass.")
+    for field, declared in cls.fields.items():
+      if not isinstance(declared, fields_lib.Field):
+        raise ValueError(f"variant {name!r}: fields[{field!r}] is {declared!r}, not a "
+                         f"relpos.fields.Field(default, rule, doc).")
     registered = _REGISTRY.get(name, cls)
     if (registered.__module__, registered.__qualname__) != (cls.__module__, cls.__qualname__):
       raise ValueError(f"position variant {name!r} is already registered "
