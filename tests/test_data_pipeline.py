@@ -11,6 +11,7 @@ import pytest
 from configs import default
 from relpos.data import datasets
 from relpos.data import pipeline
+from relpos.data import synthetic
 from relpos.data import tokenizer as tokenizer_lib
 
 NUM_TRAIN = 300
@@ -223,6 +224,18 @@ def test_eval_batches_cover_the_whole_split_untruncated(data_dir):
       else:
         assert not any(batch[k][row].any() for k in pipeline.BATCH_KEYS)
   assert max(b["inputs"].shape[1] for b in batches) > 8
+
+
+def test_subsets_say_what_each_held_out_split_holds(task):
+  sources = task.source_texts("test_long")
+  subsets = dict(task.subsets("test_long"))
+  assert sorted(i for indices in subsets.values() for i in indices) == list(range(10))
+  for name, indices in subsets.items():
+    assert all(f"{synthetic.clause_count(sources[i])} clause" in name for i in indices)
+  train = set(zip(task.source_texts("train"), task.target_texts("train")))
+  test = list(zip(task.source_texts("test"), task.target_texts("test")))
+  seen = dict(task.subsets("test"))["in training"]
+  assert seen == [i for i, pair in enumerate(test) if pair in train]
 
 
 def test_task_api(task, data_dir):

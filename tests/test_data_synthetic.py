@@ -136,3 +136,13 @@ def test_clauses_are_counted_by_the_grammars_conjunction():
   assert {synthetic.clause_count(s) for s, _ in pairs} == {1, 2}
   assert all((" and " in s) == (" ke " in t) for s, t in pairs)  # "and" is "ke" in the target
   assert all(synthetic.clause_count(s) == 1 for s, _ in synthetic.generate(200, 3, 12, "x"))
+
+
+def test_subsets_split_every_sentence_once():
+  train = [("a", "x"), ("b", "y")]
+  test = [("a", "x"), ("a", "z"), ("c", "w")]  # a seen pair, a seen source with another target
+  assert synthetic.subsets_of("test", test, set(train)) == [("in training", [0]),
+                                                            ("not in training", [1, 2])]
+  long = [("p and q", "1"), ("p", "2"), ("p and q", "3")]
+  assert synthetic.subsets_of("test_long", long, set()) == [("1 clause", [1]), ("2 clauses", [0,
+                                                                                              2])]

@@ -79,3 +79,13 @@ def test_length_buckets_cover_every_sentence():
   assert edges == [3, 6, 9, 12]
   scores = diagnostics.bleu_by_source_length(sources, ["x y"] * 4, ["x y"] * 4)
   assert list(scores) == ["3-5", "6-8", "9-11", "12"]
+
+
+def test_bleu_by_subset_scores_each_subset_alone():
+  references = ["a b c d", "e f g h", "i j k l"]
+  translations = ["a b c d", "x y z w", "i j k l"]
+  scored = diagnostics.bleu_by_subset(translations, references, [("right", [0, 2]), ("wrong", [1]),
+                                                                 ("none", [])], "de")
+  assert scored["right"] == {"num_sentences": 2, "bleu": pytest.approx(100.0)}
+  assert scored["wrong"]["num_sentences"] == 1 and scored["wrong"]["bleu"] == pytest.approx(0.0)
+  assert scored["none"] == {"num_sentences": 0, "bleu": None}

@@ -52,14 +52,6 @@ def test_table_before_any_run_finished_says_so():
   assert report.render_table([]).startswith("# relpos results\n\nNo run has finished yet;")
 
 
-def test_single_length_buckets_are_labelled_by_their_length():
-  assert report.bucket_label("12-12") == report.bucket_label("12") == "12"
-  assert report.bucket_label("3-5") == "3-5"
-  runs = [fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)]
-  runs[0]["bleu_by_source_length"]["test"] = {"3-11": 60.0, "12-12": 40.0}
-  assert "| row | 3-11 | 12 |" in report.render_table(runs)
-
-
 def test_table_of_a_task_with_its_own_test_split(tmp_path):
   def multi30k_run(row, bleu):
     scores = {
@@ -87,21 +79,6 @@ def test_table_of_a_task_with_its_own_test_split(tmp_path):
   assert sorted(p.rsplit("/", 1)[1] for p in plots.plot_results(str(path), str(tmp_path))) == [
       "bleu_vs_length.png"
   ]
-
-
-def test_length_table_columns_and_diagnostics():
-  text = report.render_table(fake_results.length_runs())
-  # abs: test 97 ± 1, test_long 29 ± 1, oracle 63 ± 1; drop recovered (63 - 29) / (97 - 29)
-  assert ("| abs | 3 | 97.0 ± 1.0 | 29.0 ± 1.0 | 63.0 ± 1.0 | 0.80 ± 0.00 | 60% ± 0% | "
-          "10% ± 0% | 50% ± 0% |") in text
-  assert "BLEU → BLEU at oracle length, by source length (words), test_long:" in text
-  assert "| abs | 30.0 ± 1.0 → 64.0 ± 1.0 | 28.0 ± 1.0 → 62.0 ± 1.0 |" in text
-  assert "| abs | 0.90 ± 0.00 (60% ± 0% short) | 0.70 ± 0.00 (60% ± 0% short) |" in text
-  # Positions 0-7: 100%; 8-15: (4 x 20 x 0.5 + 4 x 9 x 0) / (4 x 20 + 4 x 9) = 34.5%.
-  assert "| row | 0-7 | 8-15 | eos |" in text
-  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
-  assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
-  assert "## The paper's findings" not in text  # a length table alone
 
 
 def test_a_checkpoint_choice_some_runs_lack_says_how_many_runs_it_averages():

@@ -83,6 +83,11 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
     assert set(latest) == {"validation", "test", "test_long"}
     assert latest["test"]["step"] == 4 and latest["test"]["num_sentences"] == 8
     assert set(run["bleu_by_source_length"]) == {"test", "test_long"}
+    for split in ("test", "test_long"):  # every sentence in one subset of what the split holds
+      subsets = run["scores"][split]["bleu_by_subset"]
+      assert sum(s["num_sentences"] for s in subsets.values()) == 8
+    assert set(run["scores"]["test"]["bleu_by_subset"]) == {"in training", "not in training"}
+    assert set(run["scores"]["test_long"]["bleu_by_subset"]) <= {"1 clause", "2 clauses"}
     _check_length_diagnostics(run)
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer
@@ -111,6 +116,7 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
   assert "| abs | 1 |" in table and "| rel_kv | 1 |" in table
   assert "| test BLEU (latest) |" in table and "| test chrF |" in table
   assert "Checkpoint scored: best ('best' by validation BLEU); beside it latest" in table
+  assert "BLEU by what test_long holds (sentences):" in table
   assert outputs["table"] == table
   names = sorted(os.path.basename(p) for p in outputs["plots"])
   assert names == [

@@ -17,16 +17,6 @@ from relpos.experiments import synthetic_subsets
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_subsets_split_every_sentence_once():
-  train = [("a", "x"), ("b", "y")]
-  test = [("a", "x"), ("a", "z"), ("c", "w")]  # a seen pair, a seen source with another target
-  subsets = synthetic_subsets.subsets_of("test", test, set(train))
-  assert subsets == [("in training", [0]), ("not in training", [1, 2])]
-  long = [("p and q", "1"), ("p", "2"), ("p and q", "3")]
-  assert synthetic_subsets.subsets_of("test_long", long, set()) == [("1 clause", [1]),
-                                                                    ("2 clauses", [0, 2])]
-
-
 def _evaluated_run(tmp_path, translate) -> str:
   """A workdir of the tiny synthetic config whose eval/ holds `translate(split, targets)` of test
   and test_long, each with the JSON eval.py writes beside it."""

@@ -186,6 +186,14 @@ class Task:
     """The reference translations of a split, aligned with `source_texts`."""
     return [target for _, target in self._pairs(split)]
 
+  def subsets(self, split: str) -> list[tuple[str, list[int]]]:
+    """What a held-out split holds, as (name, indices into its pairs in stored order): the
+    synthetic task's `synthetic.subsets_of` (test_long by clause count, test by whether a pair
+    also occurs in training); none for a task of real data."""
+    if self.name != "synthetic":
+      return []
+    return synthetic.subsets_of(split, list(self._pairs(split)), set(self._pairs("train")))
+
   def _tokenize(
       self, split: str, limit: Callable[[list[int], list[int]],
                                         tuple[list[int], list[int]] | None]) -> TokenizedPairs:

@@ -29,7 +29,7 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import ml_collections
 import tensorflow_datasets as tfds
@@ -172,6 +172,24 @@ def clause_count(source: str) -> int:
   """The clauses of a generated source: `_sentence` joins them with "and", which the grammar
   uses nowhere else."""
   return source.split().count("and") + 1
+
+
+def subsets_of(split: str, pairs: Sequence[tuple[str, str]],
+               train_pairs: set[tuple[str, str]]) -> list[tuple[str, list[int]]]:
+  """What a held-out split holds, as (name, sentence indices) of `pairs`: for `test_long`, its
+  sentences by clause count (training sentences never join two clauses: a two-clause sentence
+  holds a construction never seen, besides its length); for the other splits, the pairs that
+  also occur in training (`train_pairs`; the grammar repeats short sentences) and those that do
+  not."""
+  if split != "test_long":
+    seen = [pair in train_pairs for pair in pairs]
+    return [("in training", [i for i, s in enumerate(seen) if s]),
+            ("not in training", [i for i, s in enumerate(seen) if not s])]
+  clauses = [clause_count(source) for source, _ in pairs]
+  return [(f"{n} clause{'s' if n > 1 else ''}", [i
+                                                 for i, c in enumerate(clauses)
+                                                 if c == n])
+          for n in sorted(set(clauses))]
 
 
 def generate(num: int, min_words: int, max_words: int, seed: int | str, *,

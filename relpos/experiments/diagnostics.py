@@ -17,6 +17,10 @@ and stored in its result.json (results schema 5):
   position, up to 2 x task.max_length (the training length), and on eos tokens alone.
 - the encoder's attention on test and test_long sources beside each other
   (`relpos.experiments.analysis.attention_profile`).
+
+Beside the scores, `bleu_by_subset` scores what a held-out split holds (`Task.subsets`: the
+synthetic task's test_long by clause count), so a table says how much of the drop on longer
+sentences is a construction never seen in training rather than length.
 """
 import math
 from collections.abc import Sequence
@@ -35,6 +39,21 @@ from relpos.data import tokenizer as tokenizer_lib
 
 NUM_LENGTH_BUCKETS = 4
 LENGTH_UNIT = "target tokens (the task's SentencePiece pieces, eos excluded)"
+
+
+def bleu_by_subset(translations: Sequence[str], references: Sequence[str],
+                   subsets: Sequence[tuple[str, list[int]]], language: str) -> dict[str, dict]:
+  """Subset name -> {"num_sentences", "bleu" (cased sacreBLEU; None for an empty subset)} of
+  (name, sentence indices) `subsets` of a split's translations."""
+  return {
+      name: {
+          "num_sentences": len(indices),
+          "bleu": scoring.score([translations[i]
+                                 for i in indices], [references[i]
+                                                     for i in indices], language=language)["bleu"]
+                  if indices else None
+      } for name, indices in subsets
+  }
 
 
 def length_edges(sources: Sequence[str], num_buckets: int = NUM_LENGTH_BUCKETS) -> list[int]:

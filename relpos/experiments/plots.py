@@ -16,6 +16,7 @@ from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
 from relpos.experiments import paper
 from relpos.experiments import report
+from relpos.experiments import report_length
 from relpos.experiments import tables
 from relpos.experiments import verdicts
 
@@ -111,7 +112,7 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
   """
   ablation_runs = [r for r in runs if r["table"] == "ablation"]
   held_out = [s for s in verdicts.splits_in_order(ablation_runs) if s != "validation"]
-  buckets = [(s, b) for s in held_out for b in report.length_buckets(ablation_runs, s)]
+  buckets = [(s, b) for s in held_out for b in report_length.length_buckets(ablation_runs, s)]
   if not buckets:
     return None
   rows = verdicts.rows_in_order(ablation_runs, "ablation")
@@ -138,7 +139,7 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     if "test_long" in held_out:
       ax.axvline(boundary, color="grey", linestyle=":")
     ax.set_xticks(range(len(buckets)))
-    ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
+    ax.set_xticklabels([report_length.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
   _label_panels(axes, "source length (words)", "BLEU")
   longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
   others = "; other rows in grey" if len(rows) > 1 else ""
@@ -209,7 +210,7 @@ def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], l
   """(the length table's runs with diagnostics, their (split, bucket) points in order, rows)."""
   table = [r for r in runs if r["table"] == "length" and "oracle_length" in r]
   held_out = [s for s in verdicts.splits_in_order(table) if s != "validation"]
-  buckets = [(s, b) for s in held_out for b in report.length_buckets(table, s)]
+  buckets = [(s, b) for s in held_out for b in report_length.length_buckets(table, s)]
   return table, buckets, verdicts.rows_in_order(table, "length")
 
 
@@ -218,7 +219,7 @@ def _bucket_axis(ax, buckets: list[tuple[str, str]]) -> None:
   if any(s == "test_long" for s, _ in buckets):
     ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey", linestyle=":")
   ax.set_xticks(range(len(buckets)))
-  ax.set_xticklabels([report.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
+  ax.set_xticklabels([report_length.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
 
 
 def plot_length_oracle(runs: list[dict], path: str) -> str | None:

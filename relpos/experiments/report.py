@@ -26,7 +26,9 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      "starts": [{"started_at", "step", "commit", "host", "cpus"}, ...], "commits": [...]
      (schema 4: every start of the run and the commits it ran under, oldest first; "cpus"
      from 26 November 2026),
-     "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...}},
+     "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...,
+       "bleu_by_subset": {name: {"num_sentences", "bleu"}}}} (from 26 November 2026, on the
+       synthetic task's test splits: `relpos.experiments.diagnostics.bleu_by_subset`),
      "other_checkpoints": {"average:10": {split: {...}}, ...} (schema 4: the scores of
      `decode.other_checkpoints` beside `decode.checkpoint`'s),
      "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
@@ -43,7 +45,8 @@ with one run per (table, row, seed), each also holding the "environment" (versio
 
 The `length` table (docs/length.md) shows test and test_long BLEU beside test_long BLEU at the
 references' lengths (oracle length) and the test_long length ratio, with its own findings
-(`relpos.experiments.verdicts.length_findings`).
+(`relpos.experiments.verdicts.length_findings`); its sections, and BLEU by what a split holds,
+are laid out by `relpos.experiments.report_length`.
 """
 
 import json
@@ -51,6 +54,7 @@ import json
 from relpos import json_files
 from relpos.experiments import markdown
 from relpos.experiments import paper
+from relpos.experiments import report_length
 from relpos.experiments import report_runs
 from relpos.experiments import timing
 from relpos.experiments import verdicts
@@ -80,12 +84,6 @@ def load_runs(results_path: str) -> list[dict]:
   return results["runs"]
 
 
-def bucket_label(bucket: str) -> str:
-  """A length bucket's label: "12" for a bucket of one length (stored "12" or "12-12")."""
-  low, _, high = bucket.partition("-")
-  return low if high in ("", low) else bucket
-
-
 def _other_checkpoint_cell(row_runs: list[dict], choice: str, split: str) -> str:
   """Mean ± std of `split` BLEU at checkpoint `choice` (e.g. average:10) over the runs that
   scored it, saying how many of the row's runs those are when not all (a run reused from before
@@ -100,15 +98,6 @@ def _other_checkpoint_cell(row_runs: list[dict], choice: str, split: str) -> str
       0, len(row_runs)) else f"{cell} ({len(values)} of {len(row_runs)} runs)"
 
 
-def length_buckets(runs: list[dict], split: str) -> list[str]:
-  buckets = []
-  for run in runs:
-    for bucket in run.get("bleu_by_source_length", {}).get(split, {}):
-      if bucket not in buckets:
-        buckets.append(bucket)
-  return sorted(buckets, key=lambda b: int(b.split("-")[0]))
-
-
 def _table_section(runs: list[dict], table: str) -> list[str]:
   rows = verdicts.rows_in_order(runs, table)
   if not rows:
@@ -116,8 +105,9 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   table_runs = [r for r in runs if r["table"] == table]
   if table == "length":
     return ([
-        "## length", "", *_length_table_lines(table_runs, rows), *_time_lines(table_runs),
-        *_diagnostics_lines(runs, table, rows)
+        "## length", "", *report_length.length_table_lines(table_runs, rows),
+        *_time_lines(table_runs), *report_length.subset_lines(table_runs, rows),
+        *report_length.diagnostics_lines(runs, table, rows)
     ])
   splits = verdicts.splits_in_order(table_runs)
   test_split = verdicts.main_test_split(table_runs)
@@ -159,7 +149,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
   lines = [f"## {table}", "", *markdown.table(header, cell_rows), "", *_time_lines(table_runs)]
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
   for split in [s for s in splits if s != "validation"]:
-    buckets = length_buckets(table_runs, split)
+    buckets = report_length.length_buckets(table_runs, split)
     if not buckets or with_oracle:
       continue
     cell_rows = []
@@ -174,9 +164,12 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
       cell_rows.append(cells)
     lines += [
         f"BLEU by source length (words), {split}:", "",
-        *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""
+        *markdown.table(["row", *map(report_length.bucket_label, buckets)], cell_rows), ""
     ]
-  return lines + _diagnostics_lines(runs, table, rows)
+  return [
+      *lines, *report_length.subset_lines(table_runs, rows),
+      *report_length.diagnostics_lines(runs, table, rows)
+  ]
 
 
 def _time_lines(runs: list[dict]) -> list[str]:
@@ -194,188 +187,6 @@ def _time_lines(runs: list[dict]) -> list[str]:
       f"{parts['training']:,.0f} s (steps, compilation, checkpoints) + validation during "
       f"training {parts['validation']:,.0f} s + final evaluation {parts['evaluation']:,.0f} s "
       "(every split, position statistics, length diagnostics).", ""
-  ]
-
-
-def _length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
-  """The main table of the length table: test, long split, long split at oracle length, its
-  length ratio and early / late stops, and the share of the drop oracle length recovers."""
-  test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
-  splits = [test_split] + ([long] if long != test_split else [])
-  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] + [
-      f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter", f"{long} longer",
-      "drop recovered by oracle length"
-  ])
-  cell_rows = []
-  for row in rows:
-    row_runs = verdicts.runs_of_row(runs, "length", row)
-    cells = [row, str(len(row_runs))]
-    cells += [
-        verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s)) for s in splits
-    ]
-    cells += [
-        verdicts.format_mean_std(verdicts.oracle_bleu(row_runs, long)),
-        verdicts.format_ratio(verdicts.length_values(row_runs, long, "ratio")),
-        verdicts.format_percent(verdicts.length_values(row_runs, long, "shorter")),
-        verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
-        verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
-    ]
-    cell_rows.append(cells)
-  return markdown.table(header, cell_rows) + [
-      "", f"Length ratio: hypothesis over reference length, summed over the split, "
-      f"in target tokens (the task's SentencePiece pieces, eos excluded); "
-      f"shorter / longer: the share of hypotheses that stop before / run past "
-      f"their reference's length. Oracle length: beam search with eos "
-      f"forbidden before the reference's length in target tokens and forced "
-      f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
-      f"({test_split} - {long}) BLEU, per seed.", ""
-  ]
-
-
-def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
-                  cell) -> list[str]:
-  """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
-  buckets = length_buckets(runs, split)
-  if not buckets:
-    return []
-  cell_rows = [
-      [row] + [cell(verdicts.runs_of_row(runs, table, row), b) for b in buckets] for row in rows
-  ]
-  return [title, "", *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""]
-
-
-def _diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
-  """The length diagnostics of a table's runs (schema 5), per test split: BLEU and oracle-
-  length BLEU by source length, the length ratio and early stops by source length, the
-  teacher-forced token accuracy by target position and the encoder's attention entropy."""
-  table_runs = [r for r in runs if r["table"] == table and "length_statistics" in r]
-  if not table_runs:
-    return []
-  lines = []
-  for split in [s for s in verdicts.splits_in_order(table_runs) if s != "validation"]:
-
-    def bleu_cell(row_runs, bucket, split=split):
-      plain = [
-          r["bleu_by_source_length"][split][bucket]
-          for r in row_runs
-          if bucket in r.get("bleu_by_source_length", {}).get(split, {})
-      ]
-      oracle = [
-          r["oracle_length"][split]["bleu_by_source_length"][bucket]
-          for r in row_runs
-          if bucket in r.get("oracle_length", {}).get(split, {}).get("bleu_by_source_length", {})
-      ]
-      return f"{verdicts.format_mean_std(plain)} → {verdicts.format_mean_std(oracle)}"
-
-    def ratio_cell(row_runs, bucket, split=split):
-      stats = [
-          r["length_statistics"][split]["by_source_length"][bucket]
-          for r in row_runs
-          if bucket in r.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
-      ]
-      return (f"{verdicts.format_ratio([x['ratio'] for x in stats])} "
-              f"({verdicts.format_percent([x['shorter'] for x in stats])} short)") if stats else "–"
-
-    lines += _bucket_table(table_runs, rows, table, split,
-                           f"BLEU → BLEU at oracle length, by source length (words), {split}:",
-                           bleu_cell)
-    lines += _bucket_table(
-        table_runs, rows, table, split,
-        f"Length ratio (target tokens) and share of early stops, by source "
-        f"length (words), {split}:", ratio_cell)
-  lines += _accuracy_lines(table_runs, table, rows)
-  lines += _attention_lines(table_runs, table, rows)
-  return lines
-
-
-# Target positions are shown in ranges of this many tokens.
-POSITION_RANGE = 8
-
-
-def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
-  """Teacher-forced token accuracy (%) by target position range and on eos, per test split."""
-  lines = []
-  for split in [s for s in verdicts.splits_in_order(runs) if s != "validation"]:
-    have = [r for r in runs if split in r.get("token_accuracy_by_position", {})]
-    if not have:
-      continue
-    counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"] for r in have))]
-    last = max((i for i, c in enumerate(counts) if c), default=-1)
-    ranges = [
-        (low, min(low + POSITION_RANGE, last + 1)) for low in range(0, last + 1, POSITION_RANGE)
-    ]
-    header = ["row", *(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges), "eos"]
-    cell_rows = []
-    for row in rows:
-      row_runs = [r for r in have if r["row"] == row]
-      cells = [row]
-      for low, high in ranges:
-        values = []
-        for r in row_runs:
-          stats = r["token_accuracy_by_position"][split]
-          count = sum(stats["count"][low:high])
-          if count:
-            values.append(100 * sum(
-                a * c for a, c in zip(stats["accuracy"][low:high], stats["count"][low:high]) if c) /
-                          count)
-        cells.append(verdicts.format_mean_std(values))
-      eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
-      cell_rows.append(cells + [verdicts.format_mean_std(eos)])
-    lines += [
-        f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
-        f"eos, {split}:", "", *markdown.table(header, cell_rows), ""
-    ]
-  return lines
-
-
-def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
-  """Normalized entropy of the encoder's self-attention per layer, each test split side by
-  side (1 = uniform over the sentence, 0 = one key)."""
-  splits = [
-      s for s in verdicts.splits_in_order(runs)
-      if s != "validation" and any(s in r.get("attention_profile", {}) for r in runs)
-  ]
-  if not splits:
-    return []
-  layers = max(
-      len(r["attention_profile"][s]["normalized_entropy"])
-      for r in runs
-      for s in splits
-      if s in r.get("attention_profile", {}))
-  header = ["row"] + [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
-  cell_rows = []
-  for row in rows:
-    row_runs = [r for r in runs if r["row"] == row]
-    cells = [row]
-    for layer in range(layers):
-      cells.append(" / ".join(
-          verdicts.format_ratio([
-              r["attention_profile"][s]["normalized_entropy"][layer]
-              for r in row_runs
-              if s in r.get("attention_profile", {}) and
-              layer < len(r["attention_profile"][s]["normalized_entropy"])
-          ])
-          for s in splits))
-    cell_rows.append(cells)
-  return [
-      f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
-      f"key), {' / '.join(splits)} sources:", "", *markdown.table(header, cell_rows), ""
-  ]
-
-
-def _length_findings_lines(runs: list[dict]) -> list[str]:
-  """The length table's findings section."""
-  test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
-  return [
-      "## Length findings", "",
-      f"Each finding compares per-seed values by Welch's t-test: difference of means [95% "
-      f"confidence interval], two-sided p; a gap holds when it is at least "
-      f"{verdicts.MARGIN_BLEU} BLEU and significant (p < {verdicts.ALPHA}). (ii) also gives "
-      f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
-      f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
-      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
-      *markdown.table(["finding", "holds", "evidence"],
-                      [list(finding) for finding in verdicts.length_findings(runs)]), ""
   ]
 
 
@@ -415,7 +226,7 @@ def render_table(runs: list[dict]) -> str:
   for table in TABLES:
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):
-    lines += _length_findings_lines(runs)
+    lines += report_length.length_findings_lines(runs)
   each_run = report_runs.sections(runs, TABLES)
   if all(r["table"] == "length" for r in runs):
     return "\n".join(lines + each_run) + "\n"

@@ -68,8 +68,9 @@ def score_checkpoint(
   `workdir/eval/` as `eval.py --checkpoint=<choice> --split=<split>` writes them.
 
   Returns:
-    (the restored model, split -> sacreBLEU/chrF scores with the checkpoint's "step",
-     split -> BLEU by source-length bucket (test splits),
+    (the restored model, split -> sacreBLEU/chrF scores with the checkpoint's "step" (and
+     "bleu_by_subset", `diagnostics.bleu_by_subset`, on test splits the task divides: the
+     synthetic task's), split -> BLEU by source-length bucket (test splits),
      split -> `diagnostics.length_statistics` of the translations (test splits)).
   """
   model, step = evaluate.restore_model(workdir, config, checkpoint, mesh)
@@ -82,6 +83,11 @@ def score_checkpoint(
                               checkpoint, step, translations, scored, split=split)
     if split != "validation":
       sources, references = task.source_texts(split), task.target_texts(split)
+      subsets = task.subsets(split)
+      if subsets:
+        scores[split]["bleu_by_subset"] = diagnostics.bleu_by_subset(translations, references,
+                                                                     subsets,
+                                                                     config.task.target_lang)
       by_length[split] = diagnostics.bleu_by_source_length(sources, translations, references)
       lengths[split] = diagnostics.length_statistics(task.tokenizer, sources, translations,
                                                      references)

@@ -52,20 +52,6 @@ class Subset:
   bleu: float | None  # None for an empty subset
 
 
-def subsets_of(split: str, pairs: list[tuple[str, str]],
-               train_pairs: set[tuple[str, str]]) -> list[tuple[str, list[int]]]:
-  """(name, sentence indices) of each subset of `split`'s `pairs`."""
-  if split == "test":
-    seen = [pair in train_pairs for pair in pairs]
-    return [("in training", [i for i, s in enumerate(seen) if s]),
-            ("not in training", [i for i, s in enumerate(seen) if not s])]
-  clauses = [synthetic.clause_count(source) for source, _ in pairs]
-  return [(f"{n} clause{'s' if n > 1 else ''}", [i
-                                                 for i, c in enumerate(clauses)
-                                                 if c == n])
-          for n in sorted(set(clauses))]
-
-
 def evaluation(workdir: str, split: str, checkpoint: str, decode: dict) -> tuple[dict, list[str]]:
   """The evaluation JSON of `split` at `checkpoint` with the run's beam settings in
   `workdir/eval/`, and its translations [sentences].
@@ -113,7 +99,7 @@ def run_subsets(workdir: str, checkpoint: str | None = None) -> dict[str, list[S
           f"split generated from {workdir}/config.json (BLEU {whole:.2f} against "
           f"the {recorded['bleu']:.2f} recorded).")
     scored[split] = [Subset("all", len(pairs), whole)]
-    for name, indices in subsets_of(split, pairs, train_pairs):
+    for name, indices in synthetic.subsets_of(split, pairs, train_pairs):
       bleu = scoring.score([hypotheses[i] for i in indices], [pairs[i][1] for i in indices],
                            language=language)["bleu"] if indices else None
       scored[split].append(Subset(name, len(indices), bleu))

@@ -1,0 +1,243 @@
+"""The sections of `table.md` on why longer sentences fail (docs/length.md): the length table
+(test, the long split, the long split at oracle length, the length ratio, the share of the drop
+oracle length recovers) and its findings, BLEU by what a split holds (the synthetic task's
+subsets), and the length diagnostics of `relpos.experiments.diagnostics` by source length and
+target position. `relpos.experiments.report` lays them out in table.md."""
+
+from relpos.experiments import markdown
+from relpos.experiments import verdicts
+
+
+def bucket_label(bucket: str) -> str:
+  """A length bucket's label: "12" for a bucket of one length (stored "12" or "12-12")."""
+  low, _, high = bucket.partition("-")
+  return low if high in ("", low) else bucket
+
+
+def length_buckets(runs: list[dict], split: str) -> list[str]:
+  buckets = []
+  for run in runs:
+    for bucket in run.get("bleu_by_source_length", {}).get(split, {}):
+      if bucket not in buckets:
+        buckets.append(bucket)
+  return sorted(buckets, key=lambda b: int(b.split("-")[0]))
+
+
+def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
+  """Per test split its task divides (`diagnostics.bleu_by_subset`: the synthetic task's
+  test_long by clause count, test by whether a pair occurs in training), a row x subset table
+  of BLEU; nothing for runs scored before subsets were."""
+  lines = []
+  for split in [s for s in verdicts.splits_in_order(runs) if s != "validation"]:
+    have = [r for r in runs if "bleu_by_subset" in r["scores"].get(split, {})]
+    if not have:
+      continue
+    sizes = {}  # subset -> its sentences, in the order of the first run that has it
+    for run in have:
+      for name, subset in run["scores"][split]["bleu_by_subset"].items():
+        sizes.setdefault(name, subset["num_sentences"])
+    cell_rows = []
+    for row in rows:
+      row_runs = [r for r in have if r["row"] == row]
+      cell_rows.append([row] + [
+          verdicts.format_mean_std([
+              r["scores"][split]["bleu_by_subset"][name]["bleu"]
+              for r in row_runs
+              if r["scores"][split]["bleu_by_subset"].get(name, {}).get("bleu") is not None
+          ])
+          for name in sizes
+      ])
+    lines += [
+        f"BLEU by what {split} holds (sentences):", "",
+        *markdown.table(["row", *(f"{name} ({size})" for name, size in sizes.items())], cell_rows),
+        ""
+    ]
+  if lines:
+    lines += [
+        "Subsets (`relpos.data.synthetic.subsets_of`): test_long by clause count (no training "
+        "sentence joins two clauses), the other splits by whether a pair also occurs in "
+        "training.", ""
+    ]
+  return lines
+
+
+def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
+  """The main table of the length table: test, long split, long split at oracle length, its
+  length ratio and early / late stops, and the share of the drop oracle length recovers."""
+  test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
+  splits = [test_split] + ([long] if long != test_split else [])
+  header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] + [
+      f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter", f"{long} longer",
+      "drop recovered by oracle length"
+  ])
+  cell_rows = []
+  for row in rows:
+    row_runs = verdicts.runs_of_row(runs, "length", row)
+    cells = [row, str(len(row_runs))]
+    cells += [
+        verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s)) for s in splits
+    ]
+    cells += [
+        verdicts.format_mean_std(verdicts.oracle_bleu(row_runs, long)),
+        verdicts.format_ratio(verdicts.length_values(row_runs, long, "ratio")),
+        verdicts.format_percent(verdicts.length_values(row_runs, long, "shorter")),
+        verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
+        verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
+    ]
+    cell_rows.append(cells)
+  return markdown.table(header, cell_rows) + [
+      "", f"Length ratio: hypothesis over reference length, summed over the split, "
+      f"in target tokens (the task's SentencePiece pieces, eos excluded); "
+      f"shorter / longer: the share of hypotheses that stop before / run past "
+      f"their reference's length. Oracle length: beam search with eos "
+      f"forbidden before the reference's length in target tokens and forced "
+      f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
+      f"({test_split} - {long}) BLEU, per seed.", ""
+  ]
+
+
+def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
+                  cell) -> list[str]:
+  """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
+  buckets = length_buckets(runs, split)
+  if not buckets:
+    return []
+  cell_rows = [
+      [row] + [cell(verdicts.runs_of_row(runs, table, row), b) for b in buckets] for row in rows
+  ]
+  return [title, "", *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""]
+
+
+def diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """The length diagnostics of a table's runs (schema 5), per test split: BLEU and oracle-
+  length BLEU by source length, the length ratio and early stops by source length, the
+  teacher-forced token accuracy by target position and the encoder's attention entropy."""
+  table_runs = [r for r in runs if r["table"] == table and "length_statistics" in r]
+  if not table_runs:
+    return []
+  lines = []
+  for split in [s for s in verdicts.splits_in_order(table_runs) if s != "validation"]:
+
+    def bleu_cell(row_runs, bucket, split=split):
+      plain = [
+          r["bleu_by_source_length"][split][bucket]
+          for r in row_runs
+          if bucket in r.get("bleu_by_source_length", {}).get(split, {})
+      ]
+      oracle = [
+          r["oracle_length"][split]["bleu_by_source_length"][bucket]
+          for r in row_runs
+          if bucket in r.get("oracle_length", {}).get(split, {}).get("bleu_by_source_length", {})
+      ]
+      return f"{verdicts.format_mean_std(plain)} → {verdicts.format_mean_std(oracle)}"
+
+    def ratio_cell(row_runs, bucket, split=split):
+      stats = [
+          r["length_statistics"][split]["by_source_length"][bucket]
+          for r in row_runs
+          if bucket in r.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
+      ]
+      return (f"{verdicts.format_ratio([x['ratio'] for x in stats])} "
+              f"({verdicts.format_percent([x['shorter'] for x in stats])} short)") if stats else "–"
+
+    lines += _bucket_table(table_runs, rows, table, split,
+                           f"BLEU → BLEU at oracle length, by source length (words), {split}:",
+                           bleu_cell)
+    lines += _bucket_table(
+        table_runs, rows, table, split,
+        f"Length ratio (target tokens) and share of early stops, by source "
+        f"length (words), {split}:", ratio_cell)
+  lines += _accuracy_lines(table_runs, table, rows)
+  lines += _attention_lines(table_runs, table, rows)
+  return lines
+
+
+# Target positions are shown in ranges of this many tokens.
+POSITION_RANGE = 8
+
+
+def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """Teacher-forced token accuracy (%) by target position range and on eos, per test split."""
+  lines = []
+  for split in [s for s in verdicts.splits_in_order(runs) if s != "validation"]:
+    have = [r for r in runs if split in r.get("token_accuracy_by_position", {})]
+    if not have:
+      continue
+    counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"] for r in have))]
+    last = max((i for i, c in enumerate(counts) if c), default=-1)
+    ranges = [
+        (low, min(low + POSITION_RANGE, last + 1)) for low in range(0, last + 1, POSITION_RANGE)
+    ]
+    header = ["row", *(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges), "eos"]
+    cell_rows = []
+    for row in rows:
+      row_runs = [r for r in have if r["row"] == row]
+      cells = [row]
+      for low, high in ranges:
+        values = []
+        for r in row_runs:
+          stats = r["token_accuracy_by_position"][split]
+          count = sum(stats["count"][low:high])
+          if count:
+            values.append(100 * sum(
+                a * c for a, c in zip(stats["accuracy"][low:high], stats["count"][low:high]) if c) /
+                          count)
+        cells.append(verdicts.format_mean_std(values))
+      eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
+      cell_rows.append(cells + [verdicts.format_mean_std(eos)])
+    lines += [
+        f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
+        f"eos, {split}:", "", *markdown.table(header, cell_rows), ""
+    ]
+  return lines
+
+
+def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
+  """Normalized entropy of the encoder's self-attention per layer, each test split side by
+  side (1 = uniform over the sentence, 0 = one key)."""
+  splits = [
+      s for s in verdicts.splits_in_order(runs)
+      if s != "validation" and any(s in r.get("attention_profile", {}) for r in runs)
+  ]
+  if not splits:
+    return []
+  layers = max(
+      len(r["attention_profile"][s]["normalized_entropy"])
+      for r in runs
+      for s in splits
+      if s in r.get("attention_profile", {}))
+  header = ["row"] + [f"layer {layer} ({' / '.join(splits)})" for layer in range(layers)]
+  cell_rows = []
+  for row in rows:
+    row_runs = [r for r in runs if r["row"] == row]
+    cells = [row]
+    for layer in range(layers):
+      cells.append(" / ".join(
+          verdicts.format_ratio([
+              r["attention_profile"][s]["normalized_entropy"][layer]
+              for r in row_runs
+              if s in r.get("attention_profile", {}) and
+              layer < len(r["attention_profile"][s]["normalized_entropy"])
+          ])
+          for s in splits))
+    cell_rows.append(cells)
+  return [
+      f"Encoder self-attention entropy over log(sentence length) (1 = uniform, 0 = one "
+      f"key), {' / '.join(splits)} sources:", "", *markdown.table(header, cell_rows), ""
+  ]
+
+
+def length_findings_lines(runs: list[dict]) -> list[str]:
+  """The length table's findings section."""
+  test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
+  return [
+      "## Length findings", "",
+      f"Each finding compares per-seed values by Welch's t-test: difference of means [95% "
+      f"confidence interval], two-sided p; a gap holds when it is at least "
+      f"{verdicts.MARGIN_BLEU} BLEU and significant (p < {verdicts.ALPHA}). (ii) also gives "
+      f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
+      f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
+      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
+      *markdown.table(["finding", "holds", "evidence"],
+                      [list(finding) for finding in verdicts.length_findings(runs)]), ""
+  ]

@@ -1,0 +1,33 @@
+"""Tests for relpos.experiments.report_length: the sections of table.md on why longer sentences
+fail (the length table, BLEU by what a split holds, the diagnostics by length and position)."""
+
+from relpos.experiments import report
+from relpos.experiments import report_length
+import fake_results
+
+
+def test_single_length_buckets_are_labelled_by_their_length():
+  assert report_length.bucket_label("12-12") == report_length.bucket_label("12") == "12"
+  assert report_length.bucket_label("3-5") == "3-5"
+  runs = [fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)]
+  runs[0]["bleu_by_source_length"]["test"] = {"3-11": 60.0, "12-12": 40.0}
+  assert "| row | 3-11 | 12 |" in report.render_table(runs)
+
+
+def test_length_table_columns_and_diagnostics():
+  text = report.render_table(fake_results.length_runs())
+  # abs: test 97 ± 1, test_long 29 ± 1, oracle 63 ± 1; drop recovered (63 - 29) / (97 - 29)
+  assert ("| abs | 3 | 97.0 ± 1.0 | 29.0 ± 1.0 | 63.0 ± 1.0 | 0.80 ± 0.00 | 60% ± 0% | "
+          "10% ± 0% | 50% ± 0% |") in text
+  assert "BLEU → BLEU at oracle length, by source length (words), test_long:" in text
+  assert "| abs | 30.0 ± 1.0 → 64.0 ± 1.0 | 28.0 ± 1.0 → 62.0 ± 1.0 |" in text
+  assert "| abs | 0.90 ± 0.00 (60% ± 0% short) | 0.70 ± 0.00 (60% ± 0% short) |" in text
+  # Positions 0-7: 100%; 8-15: (4 x 20 x 0.5 + 4 x 9 x 0) / (4 x 20 + 4 x 9) = 34.5%.
+  assert "| row | 0-7 | 8-15 | eos |" in text
+  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 |" in text
+  assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
+  assert "## The paper's findings" not in text  # a length table alone
+  assert "BLEU by what test_long holds (sentences):" in text
+  assert "| row | 1 clause (2) | 2 clauses (8) |" in text
+  assert "| abs | 59.0 ± 1.0 | 24.0 ± 1.0 |" in text
+  assert "BLEU by what test holds" not in text  # runs scored without test subsets
