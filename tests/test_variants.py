@@ -424,6 +424,24 @@ def test_randomized_evaluates_at_the_stride():
                                 positions_lib.sinusoidal_position_encoding(positions * 3, 16))
 
 
+def test_randomized_warns_when_evaluation_positions_pass_l(caplog, monkeypatch):
+  """Stride 6 and L = 256 (the length table's row) put position 43 at 258: no training
+  position; a warning says so, once per process for those settings."""
+  from relpos.variants import randomized  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(randomized, "_WARNED", set())
+  for _ in range(2):
+    _model(position="randomized", randomized_eval_stride=6, randomized_max_position=256,
+           max_len=256)
+  warned = [r.getMessage() for r in caplog.records if "randomized_eval_stride" in r.getMessage()]
+  assert warned == [
+      "model.randomized_eval_stride=6 puts evaluation position 43 at 258, past "
+      "model.randomized_max_position=256: a sequence longer than 43 tokens (of up to "
+      "model.max_len=256) is evaluated at positions training never draws."
+  ]
+  _model(position="randomized", randomized_eval_stride=1, randomized_max_position=256, max_len=256)
+  assert len([r for r in caplog.records if "randomized_eval_stride" in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("variant", ["shape", "randomized"])
 def test_stochastic_variants_train_and_draw_from_the_models_rng(variant):
   config = tiny.get_config()

@@ -18,6 +18,7 @@ RoPE and ALiBi encodings alike; relpos randomizes the fixed absolute encoding of
 encoder-decoder carry and which is defined at every position below L.
 """
 import jax
+from absl import logging
 from flax import nnx
 
 from relpos import fields
@@ -25,6 +26,9 @@ from relpos import positions as positions_lib
 from relpos.variants import absolute
 from relpos.variants import interface
 from relpos.variants import shape
+
+# (eval stride, L, max_len) settings already warned about in this process.
+_WARNED: set[tuple[int, int, int]] = set()
 
 
 class RandomizedEncoding(interface.StochasticEmbedding):
@@ -65,6 +69,16 @@ class Randomized(interface.Variant):
     if config.randomized_max_position < config.max_len:
       raise fields.invalid("model.randomized_max_position", config.randomized_max_position,
                            f"an integer >= model.max_len={config.max_len}")
+    in_range = -(-config.randomized_max_position // config.randomized_eval_stride)
+    settings = (config.randomized_eval_stride, config.randomized_max_position, config.max_len)
+    if in_range < config.max_len and settings not in _WARNED:
+      _WARNED.add(settings)  # once per process: a config is checked wherever it is built
+      logging.warning(
+          "model.randomized_eval_stride=%d puts evaluation position %d at %d, past "
+          "model.randomized_max_position=%d: a sequence longer than %d tokens (of up to "
+          "model.max_len=%d) is evaluated at positions training never draws.",
+          config.randomized_eval_stride, in_range, in_range * config.randomized_eval_stride,
+          config.randomized_max_position, in_range, config.max_len)
 
   def embedding(self, *, rngs: nnx.Rngs) -> RandomizedEncoding:
     config = self.config
