@@ -39,8 +39,8 @@ def test_mock_data_through_the_pipeline(tmp_path, monkeypatch):
 
 def test_unprepared_without_tensorflow_says_how_to_prepare(tmp_path, monkeypatch):
   monkeypatch.setattr(wmt14, "tensorflow_installed", lambda: False)
-  with pytest.raises(
-      RuntimeError, match=f"not prepared in {tmp_path}.*tfds build "
+  with pytest.raises(  # an OSError: the command line shows it in one line (cli.USER_ERRORS)
+      FileNotFoundError, match=f"not prepared in {tmp_path}.*tfds build "
       "wmt14_translate/de-en --file_format=array_record"):
     pipeline.Task(_task_config(tmp_path))
 

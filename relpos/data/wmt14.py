@@ -47,7 +47,7 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
                                       file_format=datasets.FILE_FORMAT)
   if not builder.is_prepared():
     if not tensorflow_installed():
-      raise RuntimeError(
+      raise FileNotFoundError(  # the prepared data is missing: one line for the user
           f"wmt14_translate/{CONFIG} is not prepared in {root}, and preparing it from the raw "
           f"WMT archives needs TensorFlow. Run `tfds build wmt14_translate/{CONFIG} "
           f"--file_format={datasets.FILE_FORMAT} --data_dir={root}` where TensorFlow is "
