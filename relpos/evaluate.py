@@ -139,8 +139,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   if cut:
     logging.warning(
         "%d of %d translations reached the decode budget (%s tokens: decode.max_decode_len, "
-        "else 2 x the batch's longest source + 10, at most model.max_len) without ending: they "
-        "are cut there.", cut, len(texts), ", ".join(map(str, sorted(budgets))))
+        "else 2 x the batch's padded source length + 10, at most model.max_len) without "
+        "ending: they are cut there.", cut, len(texts), ", ".join(map(str, sorted(budgets))))
   return translations
 
 

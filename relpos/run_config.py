@@ -24,7 +24,6 @@ from relpos import json_files
 from relpos import user_modules
 from relpos import variant_trial
 from relpos import workdir_files
-from relpos import variants
 from relpos.fields import BOOLEAN, NEUTRAL, NON_EMPTY_STRING, STRING, TOKENIZER, Field
 from relpos.fields import integer, number, one_of
 
@@ -318,7 +317,7 @@ def write_to(config: RunConfig, workdir: str) -> None:
   the user's own that define its position variant (`user_modules.write_imports`; none for a
   variant of relpos), and `workdir/config.json`, whole or not at all (a temporary file renamed),
   so that evaluation never reads half of it."""
-  user_modules.write_imports(workdir, variants.get(config.model.position).__module__)
+  user_modules.write_imports(workdir, config.model.position)
   if jax.process_index() == 0:
     json_files.write_json(os.path.join(workdir, workdir_files.CONFIG_FILE), config.to_dict(),
                           indent=2, sort_keys=True)

@@ -104,15 +104,16 @@ def _module_name(recorded: str) -> str:
   return os.path.splitext(os.path.basename(recorded))[0] if _is_file(recorded) else recorded
 
 
-def write_imports(workdir: str, needed: str | None = None) -> None:
+def write_imports(workdir: str, position: str | None = None) -> None:
   """Records in `workdir/imports.json` (process 0; no file when none) the modules evaluation
-  must import again: with `needed` (the module that defines the run's position variant), that
-  one of `imported()` alone, none for a variant of relpos itself, and all of them when it is
-  none of them (imported by one of them); without `needed`, all of them."""
+  must import again: for the run's position variant `position`, none when it is relpos's own
+  (`variants.BUILT_IN`), else the one of `imported()` that registers it alone, or all of them
+  when it is none of them (imported by one of them); without `position`, all of them."""
   if jax.process_index() != 0:
     return
   modules = list(_IMPORTED)
-  if needed is not None and needed.split(".")[0] == "relpos":
+  needed = None if position is None else variants.get(position).__module__
+  if position in variants.BUILT_IN:
     modules = []
   elif needed is not None and needed in map(_module_name, modules):
     modules = [m for m in modules if _module_name(m) == needed]
@@ -133,6 +134,18 @@ def variant_code(position: str) -> dict[str, str | None] | None:
     return {"file": file, "sha256": None}
   with open(file, "rb") as f:
     return {"file": file, "sha256": hashlib.sha256(f.read()).hexdigest()}
+
+
+def variant_code_change(starts: Sequence[dict[str, Any]],
+                        position: str) -> tuple[str, dict[str, Any]] | None:
+  """(the sha256 the last of a run's `starts` recorded, `variant_code(position)` now) when the
+  file of a user's position variant differs from the one that start ran; None when it is the
+  same, relpos's own, or not recorded (a start from before starts recorded it)."""
+  now = variant_code(position)
+  recorded = [start["variant_code"]["sha256"] for start in starts if start.get("variant_code")]
+  if now is None or None in (now["sha256"], *recorded[-1:]) or not recorded:
+    return None
+  return None if recorded[-1] == now["sha256"] else (recorded[-1], now)
 
 
 def import_recorded(workdir: str) -> None:

@@ -158,18 +158,21 @@ def check_variant(model_config: TransformerConfig) -> None:
       error (e.g. the bias shape returned and the one expected).
   """
   variant = variants.get(model_config.position)
-  if variant.name not in variants.BUILT_IN:
-    try:
-      hash(model_config)
-    except TypeError:  # a field of the variant holds a list: tried each time, not cached
-      _check_plug_in.__wrapped__(model_config, variant)
-    else:
-      _check_plug_in(model_config, variant)
+  if variant.name in variants.BUILT_IN:
+    return
+  # By value, as JSON: a variant's field may hold a list, which a dataclass cannot hash.
+  tried = (variant, json.dumps(dataclasses.asdict(model_config), sort_keys=True, default=repr))
+  if tried not in _PASSED:
+    _check_plug_in(model_config, variant)
+    _PASSED.add(tried)
 
 
-@functools.lru_cache(maxsize=16)
+# (variant class, config as JSON) of the trials passed in this process: each runs once.
+_PASSED: set[tuple[type[variants.Variant], str]] = set()
+
+
 def _check_plug_in(model_config: TransformerConfig, variant: type[variants.Variant]) -> None:
-  """`check_variant` of a variant registered outside relpos (once per config and class)."""
+  """`check_variant` of a variant registered outside relpos."""
   try:
     jax.eval_shape(functools.partial(_trial_pass, model_config))
     problem = _numeric_problem(model_config)

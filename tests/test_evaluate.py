@@ -335,6 +335,6 @@ def test_translations_cut_at_the_decode_budget_are_counted_in_a_warning(caplog):
     warned = [r.getMessage() for r in caplog.records if "decode budget" in r.getMessage()]
     assert warned == ([
         "3 of 3 translations reached the decode budget (5 tokens: decode.max_decode_len, else 2 x "
-        "the batch's longest source + 10, at most model.max_len) without ending: they are cut "
-        "there."
+        "the batch's padded source length + 10, at most model.max_len) without ending: they are "
+        "cut there."
     ] if cut else [])

@@ -31,3 +31,17 @@ def test_length_table_columns_and_diagnostics():
   assert "| row | 1 clause (2) | 2 clauses (8) |" in text
   assert "| abs | 59.0 ± 1.0 | 24.0 ± 1.0 |" in text
   assert "BLEU by what test holds" not in text  # runs scored without test subsets
+
+
+def test_subset_cells_say_how_many_runs_they_average():
+  """A table resumed across commits holds runs scored before subsets were: their cells average
+  the others and say so, as the seeds column counts them all."""
+  runs = fake_results.length_runs()
+  for run in runs:
+    if run["row"] == "abs" and run["seed"] == 0:
+      del run["scores"]["test_long"]["bleu_by_subset"]
+  lines = report_length.subset_lines([r for r in runs if r["table"] == "length"], ["abs", "rel_kv"])
+  assert "| abs | 59.5 ± 0.7 (2 of 3 runs) | 24.5 ± 0.7 (2 of 3 runs) |" in lines
+  assert "| rel_kv | 57.0 ± 2.0 | 22.0 ± 2.0 |" in lines
+  assert report_length.subset_lines([fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)],
+                                    ["abs"]) == []  # runs without subsets: no section

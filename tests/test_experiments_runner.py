@@ -344,6 +344,17 @@ def test_a_run_made_by_a_users_variant_edited_since_stops_the_table(finished_tab
         table()
     else:
       table()  # the same file: reused
+  # Unfinished, its starts.jsonl says which code trained its checkpoints.
+  workdir = os.path.dirname(path)
+  os.remove(path)
+  with open(os.path.join(workdir, "starts.jsonl"), "a") as f:
+    f.write(
+        json.dumps({"step": 4, "variant_code": {"file": "/x/mine.py", "sha256": "c" * 64}}) + "\n")
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{workdir}/config.json was started with the code of position variant 'absolute' "
+          "(/x/mine.py)='sha256:cccccccccccc', not the 'sha256:bbbbbbbbbbbb' asked")):
+    table()
 
 
 def test_a_run_asked_otherwise_than_the_folders_other_runs_stops_the_table(

@@ -132,3 +132,9 @@ def test_length_findings_judged_by_welch():
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
   two_seeds = [r for r in fake_results.length_runs() if r["seed"] < 2]
   assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds", "not run"}
+
+
+def test_a_mean_of_some_of_a_rows_runs_says_how_many():
+  assert verdicts.format_mean_std_of([40.0, 42.0], 3) == "41.0 ± 1.4 (2 of 3 runs)"
+  assert verdicts.format_mean_std_of([40.0, 42.0, 41.0], 3) == "41.0 ± 1.0"
+  assert verdicts.format_mean_std_of([], 3) == "–"

@@ -7,24 +7,30 @@ import sys
 import pytest
 
 from relpos import user_modules
+from relpos import variants
 from relpos import workdir_files
 
 
-def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch):
+def test_import_modules_and_their_record_in_a_workdir(tmp_path, monkeypatch, variant_registry):  # pylint: disable=unused-argument
   monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  monkeypatch.delitem(sys.modules, "mine", raising=False)
   module = tmp_path / "mine.py"
-  module.write_text("LOADED = True\n")
+  module.write_text("from relpos import variants\nLOADED = True\n\n"
+                    "@variants.register('mine_variant')\n"
+                    "class MineVariant(variants.Variant):\n  pass\n")
   user_modules.import_modules([str(module), "json"])
   assert sys.modules["mine"].LOADED and user_modules.imported() == [str(module), "json"]
   workdir = tmp_path / "run"
   workdir.mkdir()
   user_modules.write_imports(str(workdir))
   assert json.loads((workdir / workdir_files.IMPORTS_FILE).read_text()) == [str(module), "json"]
-  # A run records only the module of its variant: an `abs` run none, a `mine` run that one.
-  for needed, recorded in (("relpos.variants.absolute", None), ("mine", [str(module)]), ("json",
-                                                                                         ["json"])):
+  # A run records only the module of its variant: an `abs` run none, a `mine_variant` run that
+  # one, a run of a variant that one of them imported (registered elsewhere) all of them.
+  variants.register("elsewhere")(type("Elsewhere", (variants.Variant,), {}))
+  for position, recorded in (("absolute", None), ("mine_variant", [str(module)]),
+                             ("elsewhere", [str(module), "json"])):
     (workdir / workdir_files.IMPORTS_FILE).unlink(missing_ok=True)
-    user_modules.write_imports(str(workdir), needed)
+    user_modules.write_imports(str(workdir), position)
     path = workdir / workdir_files.IMPORTS_FILE
     assert (json.loads(path.read_text()) if path.exists() else None) == recorded
   user_modules.import_recorded(str(workdir))  # the same modules again: nothing changes

@@ -212,3 +212,19 @@ def test_a_variant_field_that_holds_a_list_is_tried_too():
 
   variants.register("list_field")(ListField)
   variant_trial.check_variant(_config("list_field"))
+
+
+def test_a_config_whose_field_holds_a_list_is_tried_once(monkeypatch):
+  class ListWidths(variants.Variant):
+    fields = {
+        "list_widths2": fields.Field([1, 2], fields.Rule("a list", lambda v: isinstance(v, list)),
+                                     "one width a layer")
+    }
+
+  variants.register("list_widths2")(ListWidths)
+  tried = []
+  trial = variant_trial._trial_pass  # pylint: disable=protected-access
+  monkeypatch.setattr(variant_trial, "_trial_pass", lambda config: tried.append(1) or trial(config))
+  for _ in range(3):
+    variant_trial.check_variant(_config("list_widths2"))
+  assert tried == [1]

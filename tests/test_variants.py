@@ -454,3 +454,19 @@ def test_stochastic_variants_train_and_draw_from_the_models_rng(variant):
   first = model(INPUTS, INPUTS[:, :5], deterministic=False)
   assert np.abs(first - model(INPUTS, INPUTS[:, :5], deterministic=False)).max() > 1e-3
   np.testing.assert_array_equal(model(INPUTS, INPUTS[:, :5]), model(INPUTS, INPUTS[:, :5]))
+
+
+def test_a_module_run_again_registers_its_variants_again(tmp_path, monkeypatch, variant_registry):  # pylint: disable=unused-argument
+  """Two variants sharing a module-level Field: run again (a notebook cell, a re-import), the
+  first met the stale sibling's Field object and was refused."""
+  module = tmp_path / "twins.py"
+  module.write_text("from relpos import fields, variants\n"
+                    "SHARED = {'twin_width': fields.Field(4, fields.integer(1), 'a width')}\n"
+                    "@variants.register('twin_a')\n"
+                    "class TwinA(variants.Variant):\n  fields = SHARED\n"
+                    "@variants.register('twin_b')\n"
+                    "class TwinB(variants.Variant):\n  fields = SHARED\n")
+  code = compile(module.read_text(), str(module), "exec")
+  for _ in range(2):
+    exec(code, {"__name__": "twins"})  # pylint: disable=exec-used
+  assert variants.get("twin_a").fields["twin_width"] is variants.get("twin_b").fields["twin_width"]

@@ -136,7 +136,7 @@ class Task:
       ValueError: an unknown task or language, or bad data files (named); a damaged prepared
         dataset (`datasets.DamagedDataError`, naming its folder and how to prepare it again).
       FileNotFoundError: missing data files (named).
-      RuntimeError: WMT14 is not prepared and TensorFlow is missing to prepare it.
+      FileNotFoundError: WMT14 is not prepared and TensorFlow is missing to prepare it.
     """
     if task_config.name not in _LOADERS:
       raise ValueError(f"config field task.name={task_config.name!r} is invalid: must be one "
@@ -192,7 +192,13 @@ class Task:
     also occurs in training); none for a task of real data."""
     if self.name != "synthetic":
       return []
-    return synthetic.subsets_of(split, list(self._pairs(split)), set(self._pairs("train")))
+    return synthetic.subsets_of(split, list(self._pairs(split)), self._train_pairs)
+
+  @functools.cached_property
+  def _train_pairs(self) -> frozenset[tuple[str, str]]:
+    """The training split's pairs, read once (`subsets` asks for them per split and
+    checkpoint)."""
+    return frozenset(self._pairs("train"))
 
   def _tokenize(
       self, split: str, limit: Callable[[list[int], list[int]],

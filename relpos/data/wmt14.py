@@ -34,7 +34,7 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
 
   Raises:
     ValueError: a language other than en or de.
-    RuntimeError: the dataset is not prepared in `root` and TensorFlow is not installed.
+    FileNotFoundError: the dataset is not prepared in `root` and TensorFlow is not installed.
   """
   for field in ("source_lang", "target_lang"):
     if task_config[field] not in LANGUAGES:

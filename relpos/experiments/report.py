@@ -23,9 +23,10 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      (from 26 November 2026: the machine's load while the steps were timed,
      `relpos.metrics_writer.machine_load`),
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
-     "starts": [{"started_at", "step", "commit", "host", "cpus"}, ...], "commits": [...]
+     "starts": [{"started_at", "step", "commit", "host", "cpus", "variant_code"}, ...],
+     "commits": [...]
      (schema 4: every start of the run and the commits it ran under, oldest first; "cpus"
-     from 26 November 2026),
+     and, for a position variant of the user's own, "variant_code" from 26 November 2026),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...,
        "bleu_by_subset": {name: {"num_sentences", "bleu"}}}} (from 26 November 2026, on the
        synthetic task's test splits: `relpos.experiments.diagnostics.bleu_by_subset`),
@@ -93,9 +94,7 @@ def _other_checkpoint_cell(row_runs: list[dict], choice: str, split: str) -> str
       for r in row_runs
       if choice in r.get("other_checkpoints", {})
   ]
-  cell = verdicts.format_mean_std(values)
-  return cell if len(values) in (
-      0, len(row_runs)) else f"{cell} ({len(values)} of {len(row_runs)} runs)"
+  return verdicts.format_mean_std_of(values, len(row_runs))
 
 
 def _table_section(runs: list[dict], table: str) -> list[str]:

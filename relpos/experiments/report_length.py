@@ -39,12 +39,13 @@ def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
     cell_rows = []
     for row in rows:
       row_runs = [r for r in have if r["row"] == row]
+      num_runs = sum(r["row"] == row for r in runs)  # with those scored before subsets were
       cell_rows.append([row] + [
-          verdicts.format_mean_std([
+          verdicts.format_mean_std_of([
               r["scores"][split]["bleu_by_subset"][name]["bleu"]
               for r in row_runs
               if r["scores"][split]["bleu_by_subset"].get(name, {}).get("bleu") is not None
-          ])
+          ], num_runs)
           for name in sizes
       ])
     lines += [

@@ -11,18 +11,16 @@ Layout of `output_dir`:
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
 
 A finished run (its `result.json` exists) is skipped when its config equals the request in
-every field that changes a result (`relpos.run_config.result_differences`); otherwise the table
-stops before any work, naming the field, unless `retrain_changed` moves the run aside to train
-it again. An interrupted table resumes where it stopped: a run killed mid-training resumes from
-its own latest checkpoint, and its result records every start and commit it ran under and the
-seconds of all of them. Every file is written to a temporary name and renamed, so a kill at any
-point loses only the work in flight.
+every field that changes a result (`relpos.run_config.result_differences`), else the table stops
+before any work, naming the field, unless `retrain_changed` moves the run aside to train it
+again. A run killed mid-training resumes from its latest checkpoint; its result records every
+start and commit and the seconds of all of them. Every file is written to a temporary name and
+renamed, so a kill at any point loses only the work in flight.
 
-With `parallel` = 1 the runs train one after another in this process. With `parallel` = N > 1
-each run is a child process (`python -m relpos.experiments.run_one`), up to N at a time, each
-given 0.9 / N of the accelerator's memory; the data and tokenizer are prepared here first, so
-the children only read them. SIGINT or SIGTERM stops the children (they save a checkpoint) and
-returns; a second one kills them.
+With `parallel` = 1 the runs train one after another in this process; with N > 1 each run is a
+child process (`python -m relpos.experiments.run_one`), up to N at a time, each given 0.9 / N of
+the accelerator's memory, the data and tokenizer prepared here first. SIGINT or SIGTERM stops
+the children (they save a checkpoint) and returns; a second one kills them.
 """
 import contextlib
 import dataclasses
@@ -235,19 +233,15 @@ def _saved_config(run: Run) -> tuple[str, config_lib.RunConfig] | None:
 
 
 def _code_differences(run: Run, finished: bool, position: str) -> list[tuple[str, Any, Any]]:
-  """[(what, before, now)] when the run's position variant is a user's own whose file differs
-  from the one its last start recorded (`user_modules.variant_code`), else [] (also for a run
-  started before starts recorded it)."""
-  now = user_modules.variant_code(position)
-  if now is None or now["sha256"] is None:
-    return []
+  """[(what, before, now)] when the run's position variant is a user's own whose file was
+  edited since its last start (`user_modules.variant_code_change`), else []."""
   starts = (results.read_result(run.result).get("starts", [])
             if finished else metrics_writer.read_starts(run.workdir))
-  recorded = [start["variant_code"] for start in starts if start.get("variant_code")]
-  if not recorded or recorded[-1]["sha256"] in (None, now["sha256"]):
+  if (change := user_modules.variant_code_change(starts, position)) is None:
     return []
-  return [(f"the code of position variant {position!r} ({now['file']})",
-           f"sha256:{recorded[-1]['sha256'][:12]}", f"sha256:{now['sha256'][:12]}")]
+  before, now = change
+  return [(f"the code of position variant {position!r} ({now['file']})", f"sha256:{before[:12]}",
+           f"sha256:{now['sha256'][:12]}")]
 
 
 def _move_aside(run: Run) -> str:

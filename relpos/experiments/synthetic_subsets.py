@@ -32,6 +32,7 @@ from relpos import run_config
 from relpos import scoring
 from relpos import workdir_files
 from relpos.data import synthetic
+from relpos.experiments import diagnostics
 from relpos.experiments import markdown
 
 SPLITS = ("test", "test_long")
@@ -98,11 +99,12 @@ def run_subsets(workdir: str, checkpoint: str | None = None) -> dict[str, list[S
           f"the {split} translations in {workdir}/eval do not line up with the {split} "
           f"split generated from {workdir}/config.json (BLEU {whole:.2f} against "
           f"the {recorded['bleu']:.2f} recorded).")
-    scored[split] = [Subset("all", len(pairs), whole)]
-    for name, indices in synthetic.subsets_of(split, pairs, train_pairs):
-      bleu = scoring.score([hypotheses[i] for i in indices], [pairs[i][1] for i in indices],
-                           language=language)["bleu"] if indices else None
-      scored[split].append(Subset(name, len(indices), bleu))
+    by_subset = diagnostics.bleu_by_subset(hypotheses, [target for _, target in pairs],
+                                           synthetic.subsets_of(split, pairs, train_pairs),
+                                           language)
+    scored[split] = [Subset("all", len(pairs), whole)] + [
+        Subset(name, subset["num_sentences"], subset["bleu"]) for name, subset in by_subset.items()
+    ]
   return scored
 
 

@@ -41,6 +41,13 @@ def format_mean_std(values: Sequence[float]) -> str:
   return f"{mean:.1f} ± {std:.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
+def format_mean_std_of(values: Sequence[float], num_runs: int) -> str:
+  """`format_mean_std` of values from some of a row's `num_runs` runs, saying how many when
+  not all (runs scored before a measure existed lack it): "40.1 ± 0.2 (2 of 3 runs)"."""
+  cell = format_mean_std(values)
+  return cell if len(values) in (0, num_runs) else f"{cell} ({len(values)} of {num_runs} runs)"
+
+
 def format_percent(values: Sequence[float]) -> str:
   """"mean% ± std%" of shares [n] in 0..1, to 1% ("mean%" alone for one, "–" for none)."""
   if not values:

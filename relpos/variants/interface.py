@@ -156,6 +156,14 @@ _REGISTRY: dict[str, type[Variant]] = {}
 V = TypeVar("V", bound=type[Variant])
 
 
+def _same_field(a: fields_lib.Field, b: fields_lib.Field) -> bool:
+  """Whether two declarations are one field: the same `Field` object (a variant built on
+  another lists its fields), or an equal declaration (default, rule's words, doc, absent,
+  effect: a module run again declares its fields anew)."""
+  declared = lambda f: (f.default, f.rule.allowed, f.doc, f.absent, f.effect)
+  return a is b or declared(a) == declared(b)
+
+
 def register(name: str) -> Callable[[V], V]:
   """Class decorator: registers a `Variant` subclass as `model.position=<name>`.
 
@@ -181,8 +189,8 @@ def register(name: str) -> Callable[[V], V]:
     for other in _REGISTRY.values():
       taken = {
           field for field in set(other.fields) & set(cls.fields)
-          if other.fields[field] is not cls.fields[field]
-      }  # a shared Field is one field
+          if not _same_field(other.fields[field], cls.fields[field])
+      }
       if other.name != name and taken:
         raise ValueError(f"variant {name!r}: field model.{sorted(taken)[0]} is already a field "
                          f"of variant {other.name!r}.")
