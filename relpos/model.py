@@ -174,8 +174,8 @@ class _Stack(nnx.Module):
     """`variant.self_attention(...)`: one entry per layer, else a ValueError naming it."""
     positions = list(variant.self_attention(num_layers, causal=causal, rngs=rngs))
     if len(positions) != num_layers:
-      raise ValueError(f"position variant {variant.name!r}: self_attention({num_layers}, "
-                       f"causal={causal}) returned {len(positions)} entries; the stack has "
+      raise ValueError(f"self_attention({num_layers}, causal={causal}) of variant "
+                       f"{variant.name!r} returned {len(positions)} entries; the stack has "
                        f"{num_layers} layers, one entry (or None) each.")
     return positions
 

@@ -169,8 +169,8 @@ def test_a_variant_with_one_entry_for_a_deeper_stack_stops_before_any_work():
   variants.register("one_layer")(_OneLayerVariant)
   with pytest.raises(
       ValueError, match=re.escape(
-          "fails on a trial batch, before any work: position variant 'one_layer': "
-          "self_attention(2, causal=False) returned 1 entries; the stack has 2 layers")):
+          "fails on a trial batch, before any work: self_attention(2, causal=False) of variant "
+          "'one_layer' returned 1 entries; the stack has 2 layers")):
     variant_trial.check_variant(_config("one_layer"))
 
 
