@@ -135,8 +135,8 @@ class Task:
     Raises:
       ValueError: an unknown task or language, or bad data files (named); a damaged prepared
         dataset (`datasets.DamagedDataError`, naming its folder and how to prepare it again).
-      FileNotFoundError: missing data files (named).
-      FileNotFoundError: WMT14 is not prepared and TensorFlow is missing to prepare it.
+      FileNotFoundError: missing data files (named), or WMT14 not prepared and TensorFlow
+        missing to prepare it.
     """
     if task_config.name not in _LOADERS:
       raise ValueError(f"config field task.name={task_config.name!r} is invalid: must be one "

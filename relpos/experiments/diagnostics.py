@@ -45,14 +45,13 @@ def bleu_by_subset(translations: Sequence[str], references: Sequence[str],
                    subsets: Sequence[tuple[str, list[int]]], language: str) -> dict[str, dict]:
   """Subset name -> {"num_sentences", "bleu" (cased sacreBLEU; None for an empty subset)} of
   (name, sentence indices) `subsets` of a split's translations."""
+  def bleu(indices: list[int]) -> float:
+    hypotheses, wanted = [translations[i] for i in indices], [references[i] for i in indices]
+    return scoring.score(hypotheses, wanted, language=language)["bleu"]
+
   return {
-      name: {
-          "num_sentences": len(indices),
-          "bleu": scoring.score([translations[i]
-                                 for i in indices], [references[i]
-                                                     for i in indices], language=language)["bleu"]
-                  if indices else None
-      } for name, indices in subsets
+      name: {"num_sentences": len(indices), "bleu": bleu(indices) if indices else None}
+      for name, indices in subsets
   }
 
 

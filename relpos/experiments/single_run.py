@@ -83,11 +83,10 @@ def score_checkpoint(
                               checkpoint, step, translations, scored, split=split)
     if split != "validation":
       sources, references = task.source_texts(split), task.target_texts(split)
-      subsets = task.subsets(split)
-      if subsets:
-        scores[split]["bleu_by_subset"] = diagnostics.bleu_by_subset(translations, references,
-                                                                     subsets,
-                                                                     config.task.target_lang)
+      if subsets := task.subsets(split):
+        by_subset = diagnostics.bleu_by_subset(translations, references, subsets,
+                                               config.task.target_lang)
+        scores[split]["bleu_by_subset"] = by_subset
       by_length[split] = diagnostics.bleu_by_source_length(sources, translations, references)
       lengths[split] = diagnostics.length_statistics(task.tokenizer, sources, translations,
                                                      references)
