@@ -9,7 +9,7 @@ model, relative positions only.
 # Row name (as in relpos.experiments.tables) -> (paper BLEU, where it comes from).
 ABLATION_FIGURES: dict[str, tuple[float, str]] = {
     "abs": (26.5, "Table 1, base, EN-DE"),
-    "rel_kv": (25.8, "Table 3 (Table 1 with absolute: 26.8)"),
+    "rel_kv": (25.8, "Table 3; 26.8 in Table 1"),
     "rel_k": (25.8, "Table 3"),
     "rel_v": (25.3, "Table 3"),
     "none": (12.5, "Table 3"),
