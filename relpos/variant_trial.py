@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from relpos import attention_statistics
 from relpos import model as model_lib
 from relpos import variants
 from relpos.model_config import TransformerConfig
@@ -125,8 +126,6 @@ def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
 def _numeric_problem(model_config: TransformerConfig) -> str | None:
   """What `_trial_model` does against the two contracts, or what its `add_statistics` stores
   that a result.json cannot hold; None when all is well."""
-  # Lazily: the statistics a table stores after training (matplotlib comes with them).
-  from relpos.experiments import analysis  # pylint: disable=g-import-not-at-top
   model = _trial_model(model_config)
   for what, (got, want), hint in (
       ("cached decoding differs from the teacher-forced pass", cached_and_full_logits(model),
@@ -138,7 +137,7 @@ def _numeric_problem(model_config: TransformerConfig) -> str | None:
     if not difference <= TRIAL_ATOL:
       return f"{what} by up to {difference:.2g} in logits ({hint})"
   try:
-    json.dumps(analysis.position_statistics(model, INPUTS))
+    json.dumps(attention_statistics.position_statistics(model, INPUTS))
   except TypeError as e:  # stored after training, in result.json
     return f"add_statistics stores what JSON cannot hold ({e}; store lists and numbers)"
   return None

@@ -1,5 +1,5 @@
 """Results records as results.json holds them, made up for the tests of tables, verdicts and
-plots (tests/test_experiments_report.py, _verdicts.py, _plots.py, _analysis.py)."""
+plots (tests/test_experiments_report.py, _verdicts.py, _plots.py, _plots_learned.py)."""
 
 TIMED_ALONE = {"median_load_average": 1.5, "cpus": 2, "loaded_share": 0.0, "unrecorded_share": 0.0}
 

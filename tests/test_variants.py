@@ -15,12 +15,12 @@ import pytest
 from flax import nnx
 
 from configs import tiny
+from relpos import attention_statistics
 from relpos import fields
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import positions as positions_lib
 from relpos import variants
-from relpos.experiments import analysis
 from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
 from test_steps import _random_batch, updates_on_one_batch
 
@@ -161,7 +161,7 @@ def test_a_variant_defined_here_is_configured_validated_and_shared(registered):
 def test_a_variant_defined_here_reports_its_position_statistics(registered):
   model = _model(position="distance_bias")
   inputs = np.array([[3, 4, 5, 1, 0], [6, 1, 0, 0, 0]], np.int32)
-  statistics = analysis.position_statistics(model, inputs)
+  statistics = attention_statistics.position_statistics(model, inputs)
   table = model.encoder.layers[0].self_attention.position.table[...]
   assert statistics["distance_bias"] == np.asarray(table).tolist()
   head_dim = model.config.qkv_dim // model.config.num_heads

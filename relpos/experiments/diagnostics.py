@@ -16,7 +16,7 @@ and stored in its result.json (results schema 5):
 - `token_accuracy_by_position`: teacher-forced accuracy of the argmax next token by target
   position, up to 2 x task.max_length (the training length), and on eos tokens alone.
 - the encoder's attention on test and test_long sources beside each other
-  (`relpos.experiments.analysis.attention_profile`).
+  (`relpos.attention_statistics.attention_profile`).
 
 Beside the scores, `bleu_by_subset` scores what a held-out split holds (`Task.subsets`: the
 synthetic task's test_long by clause count), so a table says how much of the drop on longer

@@ -33,7 +33,7 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      "other_checkpoints": {"average:10": {split: {...}}, ...} (schema 4: the scores of
      `decode.other_checkpoints` beside `decode.checkpoint`'s),
      "bleu_by_source_length": {split: {"13-16": ..., "24": ..., ...}},
-     "position_statistics": {...} (`relpos.experiments.analysis`), "config": {...},
+     "position_statistics": {...} (`relpos.attention_statistics`), "config": {...},
      schema 5, the length diagnostics (`relpos.experiments.diagnostics`), per test split:
      "length_statistics": {split: {"unit", "ratio", "shorter", "longer", "num_sentences",
        "by_source_length": {bucket: {"ratio", "shorter", "longer", "num_sentences"}}}},

@@ -17,9 +17,9 @@ from absl import logging
 
 from relpos import json_files
 from relpos import workdir_files
-from relpos.experiments import analysis
 from relpos.experiments import paired
 from relpos.experiments import plots
+from relpos.experiments import plots_learned
 from relpos.experiments import report
 from relpos.experiments import tables
 
@@ -137,7 +137,7 @@ def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, A
       }, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)
-  made += analysis.plot_learned_positions(results_path, output_dir)
+  made += plots_learned.plot_learned_positions(results_path, output_dir)
   outputs = {"results": results_path, "table": table, "plots": made}
   return {**outputs, "published": publish(output_dir, publish_to)} if publish_to else outputs
 

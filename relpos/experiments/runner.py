@@ -8,7 +8,7 @@ Layout of `output_dir`:
   runs/<task>-<table>-<row>-seed<seed>/run.log   its process's stdout and stderr (--parallel > 1)
   results.json   every finished run (rebuilt from the result.json files after each run)
   table.md       made from results.json alone (`relpos.experiments.report`)
-  *.png          plots (`relpos.experiments.plots`, `relpos.experiments.analysis`)
+  *.png          plots (`relpos.experiments.plots`, `relpos.experiments.plots_learned`)
 
 A finished run (its `result.json` exists) is skipped when its config equals the request in
 every field that changes a result (`relpos.run_config.result_differences`), else the table stops

@@ -12,6 +12,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from relpos import attention_statistics
 from relpos import run_config
 from relpos import device_mesh
 from relpos import evaluate
@@ -23,7 +24,6 @@ from relpos import source_tree
 from relpos import train
 from relpos import workdir_files
 from relpos.data import pipeline
-from relpos.experiments import analysis
 from relpos.experiments import diagnostics
 from relpos.experiments import results
 from relpos.experiments import tables
@@ -112,7 +112,7 @@ def length_diagnostics(model: nnx.Module, config: run_config.RunConfig, task: pi
         num_positions=2 * config.task.max_length)
     sources = task.source_texts(split)[:ANALYSIS_SENTENCES]
     _, inputs = next(evaluate.source_batches(task.tokenizer, sources, len(sources)))
-    out["attention_profile"][split] = analysis.attention_profile(model, inputs)
+    out["attention_profile"][split] = attention_statistics.attention_profile(model, inputs)
   return out
 
 
@@ -144,7 +144,8 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
   return {
       "scores": scores, "bleu_by_source_length": by_length, "length_statistics": lengths,
       "other_checkpoints": others,
-      "position_statistics": analysis.position_statistics(model, inputs), "num_params": num_params,
+      "position_statistics": attention_statistics.position_statistics(model, inputs),
+      "num_params": num_params,
       **(length_diagnostics(model, config, task, mesh) if config.decode.length_diagnostics else {})
   }
 

@@ -22,7 +22,7 @@ layer calls it alike in a full pass and in a cached decode step; in a step the q
 token at position `cache_index`, its key is transformed at that position before it is written
 to the cache, and the terms are computed against every cache slot (later slots are masked).
 It may also report what its position term learned (`add_statistics`, read by
-`relpos.experiments.analysis`).
+`relpos.attention_statistics`).
 """
 import dataclasses
 import sys
@@ -83,7 +83,7 @@ class AttentionPosition(nnx.Module):
   def add_statistics(self, statistics: dict[str, Any], query: jax.Array, valid: np.ndarray) -> None:
     """Adds what this layer's position term learned to an encoder's `statistics`.
 
-    `relpos.experiments.analysis.position_statistics` calls it once per encoder layer, in
+    `relpos.attention_statistics.position_statistics` calls it once per encoder layer, in
     order, on a batch of source sentences at positions 0..n-1, and stores the statistics (JSON
     values: lists, numbers) in the run's result.json; this base adds nothing.
 

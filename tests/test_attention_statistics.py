@@ -1,7 +1,5 @@
-"""Tests for relpos.experiments.analysis: what a model's position parameters and attention say
-(against direct computations on a tiny model), and its plots of them."""
-
-import json
+"""Tests for relpos.attention_statistics: what a model's position parameters and attention say,
+against direct computations on a tiny model."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,8 +11,7 @@ from configs import default
 from relpos import model as model_lib
 from relpos import model_config
 from relpos.data import tokenizer as tokenizer_lib
-from relpos.experiments import analysis
-import fake_results
+from relpos import attention_statistics
 
 VOCAB = 16
 
@@ -25,7 +22,7 @@ def test_attention_entropy_equals_scipy_on_valid_queries():
   logits = rng.normal(size=(2, 3, 5, 5))
   weights = np.exp(logits) * valid[:, None, None, :]
   weights /= weights.sum(-1, keepdims=True)
-  by_query, count = analysis.attention_entropy(weights, valid)
+  by_query, count = attention_statistics.attention_entropy(weights, valid)
   np.testing.assert_array_equal(count, [2, 2, 2, 1, 1])
   for i in range(5):
     rows = [b for b in range(2) if valid[b, i]]
@@ -36,7 +33,7 @@ def test_attention_entropy_equals_scipy_on_valid_queries():
 def _direct_position_statistics(model, inputs):
   """"qak_by_offset", "max_distance" and "t5_bias" computed directly from the parameters."""
   valid = inputs != tokenizer_lib.PAD_ID
-  layers = list(analysis._encoder_attention(model, inputs))  # pylint: disable=protected-access
+  layers = list(attention_statistics._encoder_attention(model, inputs))  # pylint: disable=protected-access
   expected = {}
   for attention, sublayer_input, _ in layers:
     position = attention.position
@@ -68,7 +65,7 @@ def test_position_statistics_equal_the_parameters_read_directly(overrides):
   model = model_lib.Transformer(model_config.TransformerConfig.from_config(model_cfg, VOCAB),
                                 rngs=nnx.Rngs(0))
   inputs = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0]], np.int32)
-  statistics = analysis.position_statistics(model, inputs)
+  statistics = attention_statistics.position_statistics(model, inputs)
   expected = _direct_position_statistics(model, inputs)
   assert set(statistics) == {"offsets", "attention_by_offset", "longest_distance", *expected}
   assert {k: statistics[k] for k in expected} == expected  # bit for bit
@@ -78,12 +75,12 @@ def test_position_statistics_equal_the_parameters_read_directly(overrides):
 
 def test_attention_profile_normalized_entropy_of_a_tiny_model(tiny_model):
   inputs = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0]], np.int32)
-  profile = analysis.attention_profile(tiny_model, inputs)
+  profile = attention_statistics.attention_profile(tiny_model, inputs)
   assert len(profile["entropy_by_query"]) == len(profile["normalized_entropy"]) == 2
   assert profile["count_by_query"] == [2, 2, 2, 1, 1, 0]
   assert profile["entropy_by_query"][0][5] is None and profile["mean_length"] == 4.0
   valid = inputs != 0
-  layers = list(analysis._encoder_attention(tiny_model, inputs))  # pylint: disable=protected-access
+  layers = list(attention_statistics._encoder_attention(tiny_model, inputs))  # pylint: disable=protected-access
   for layer, (_, _, weights) in enumerate(layers):
     entropy = [[stats.entropy(weights[b, h, i][valid[b]])
                 for h in range(2)]
@@ -93,44 +90,3 @@ def test_attention_profile_normalized_entropy_of_a_tiny_model(tiny_model):
     logs = [np.log(valid[b].sum()) for b in range(2) for i in range(6) if valid[b, i]]
     expected = np.mean(np.mean(entropy, axis=1) / np.array(logs))
     np.testing.assert_allclose(profile["normalized_entropy"][layer], expected, rtol=1e-5)
-
-
-def _learned_run(row, statistics, *, max_length=6):
-  run = fake_results.run_record("ablation", row, 0, 50.0, 10.0)
-  run["config"] = {
-      "task": {"max_length": max_length}, "model": {"t5_num_buckets": 8, "t5_max_distance": 12}
-  }
-  run["position_statistics"] = {
-      "offsets": [-1, 0, 1], "attention_by_offset": [[0.2, 0.6, 0.2]], **statistics
-  }
-  return run
-
-
-def test_qak_drawn_over_the_distances_that_occur(tmp_path, figures):
-  qak = {"qak_by_offset": [[-2.0, -1.0, 0.0, 1.0, 2.0]], "max_distance": 2}
-  results = tmp_path / "results.json"
-  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", qak)]}))
-  analysis.plot_learned_positions(str(results), str(tmp_path))
-  ax = figures["qak_by_offset.png"].axes[0]
-  # Older results: up to task.max_length - 1 = 5, clipped at k = 2 beyond it.
-  np.testing.assert_allclose(ax.get_lines()[0].get_xydata(),
-                             [[d, min(max(d, -2), 2)] for d in range(-5, 6)])
-  assert "up to 5 (task.max_length - 1)" in figures["qak_by_offset.png"]._suptitle.get_text()
-  results.write_text(json.dumps({"runs": [_learned_run("rel_kv", {**qak, "longest_distance": 3})]}))
-  analysis.plot_learned_positions(str(results), str(tmp_path))
-  np.testing.assert_array_equal(figures["qak_by_offset.png"].axes[0].get_lines()[0].get_xdata(),
-                                range(-3, 4))
-
-
-def test_t5_bias_drawn_against_distance(tmp_path, figures):
-  bias = np.arange(16.0).reshape(8, 2)  # [buckets, heads]
-  run = _learned_run("t5", {"t5_bias": bias.tolist(), "longest_distance": 2})
-  results = tmp_path / "results.json"
-  results.write_text(json.dumps({"runs": [run]}))
-  analysis.plot_learned_positions(str(results), str(tmp_path))
-  ax = figures["t5_bias.png"].axes[0]
-  # 8 bidirectional buckets: 4 a direction, 2 exact; distances -2..2 fall in 2, 1, 0, 5, 6.
-  for head, line in enumerate(ax.get_lines()):
-    np.testing.assert_array_equal(line.get_xdata(), range(-2, 3))
-    np.testing.assert_array_equal(line.get_ydata(), bias[[2, 1, 0, 5, 6], head])
-  assert ax.get_xlabel() == "distance j - i (key minus query)"
