@@ -20,7 +20,7 @@ workdir itself) are imported first.
 """
 import functools
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -35,9 +35,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import checkpoints
 from relpos import decode
 from relpos import device_mesh
+from relpos import evaluation_files
 from relpos import run_config
 from relpos import scoring
-from relpos import json_files
 from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -298,72 +298,6 @@ def _file_sentences(input_file: str,
   return sources, references
 
 
-def _check_writable(output_dir: str) -> None:
-  """Creates `output_dir` and checks that a file can be written there, before any work.
-
-  Raises:
-    OSError: naming the folder, the reason and what to do.
-  """
-  probe = os.path.join(output_dir, f".write_test.{os.getpid()}")
-  try:
-    os.makedirs(output_dir, exist_ok=True)
-    with open(probe, "w", encoding="utf-8"):
-      pass
-    os.remove(probe)
-  except OSError as e:
-    reason = e.strerror or type(e).__name__
-    raise OSError(f"eval output folder {output_dir} cannot be written ({reason}): pass another "
-                  "--output_dir.") from None
-
-
-def output_name(what: str, checkpoint: str | int, step: int, beam_size: int, alpha: float) -> str:
-  """The name (without .txt / .json) of an evaluation's outputs:
-  `<what>[.<choice>].step<step>.beam<beam>.alpha<alpha>`.
-
-  Args:
-    what: the split, or "input-<file name>" for an input file.
-    checkpoint: the checkpoint asked for: "latest", "best" or "average:N" (written "averageN")
-      name a choice; a step number names none (the step says it).
-    step: the step evaluated (the last averaged one for "average:N").
-    beam_size, alpha: of the beam search.
-  """
-  choice = "" if isinstance(checkpoint, int) or str(checkpoint).isdigit() else (
-      "." + str(checkpoint).replace(":", ""))
-  return f"{what}{choice}.step{step}.beam{beam_size}.alpha{alpha}"
-
-
-# The fields of an evaluation's results that say what was evaluated: an output of the same
-# name whose JSON differs in one of them (or that has none) is another evaluation.
-IDENTITY_FIELDS = ("workdir", "checkpoint", "step", "split", "input_file", "reference_file",
-                   "beam_size", "alpha")
-
-
-def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
-  """Whether `json_path` holds the results of the evaluation `identity` describes."""
-  try:
-    saved = json_files.read_json(json_path)
-  except (OSError, ValueError):
-    return False
-  return isinstance(saved, dict) and all(saved.get(k) == v for k, v in identity.items())
-
-
-def output_stem(output_dir: str, name: str, identity: dict[str, Any]) -> str:
-  """The path (without .txt / .json) the outputs of an evaluation go to: `output_dir/name`,
-  or, when that holds another evaluation's outputs, the first free `output_dir/name.<n>` (n >= 2),
-  with a warning: an output is replaced only by the same evaluation run again."""
-  stem, n = os.path.join(output_dir, name), 1
-  while True:
-    candidate = stem if n == 1 else f"{stem}.{n}"
-    taken = any(os.path.exists(candidate + ext) for ext in (".txt", ".json"))
-    if not taken or _same_evaluation(candidate + ".json", identity):
-      break
-    n += 1
-  if candidate != stem:
-    logging.warning("%s.json holds another evaluation; writing %s.json and .txt instead.", stem,
-                    candidate)
-  return candidate
-
-
 def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split: str | None = None,
                         input_file: str | None = None, reference_file: str | None = None,
                         beam_size: int | None = None, alpha: float | None = None,
@@ -380,9 +314,11 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     beam_size: overrides decode.beam_size of the run.
     alpha: overrides decode.alpha of the run.
     output_dir: where `<name>.txt` (translations) and `<name>.json` (results) go, <name> from
-      `output_name` (split or input file, checkpoint choice, step, beam, alpha); default
-      `workdir/eval`. Outputs of another evaluation under that name are kept: the new ones get
-      a free name (`output_stem`). Both files are written whole or not at all.
+      `evaluation_files.output_name` (split or input file, checkpoint choice, step, beam,
+      alpha); default `workdir/eval`. Outputs of another evaluation under that name are kept:
+      the new ones get a free name (`evaluation_files.output_stem`). Both files are written
+      whole or not at all;
+      a split stored in another order than its files' (WMT14) also gets its sources written.
 
   Returns:
     {"step", "checkpoint", "beam_size", "alpha", "num_sentences", "translations_file",
@@ -415,56 +351,25 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     check_source_lengths(input_file, sources, task.tokenizer)
   output_dir = output_dir or os.path.join(workdir, workdir_files.EVAL_DIR)
   if jax.process_index() == 0:
-    _check_writable(output_dir)
+    evaluation_files.check_writable(output_dir)
   mesh = device_mesh.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
   if split is not None:
     scores = score_split(model, task, split, config, mesh=mesh)
     translations = scores.pop("translations")
+    sources = sources_to_write(task, split)
   else:
     translations = translate_texts(model, task.tokenizer, sources, config, mesh=mesh)
     scores = ({} if references is None else scoring.score(translations, references,
                                                           language=config.task.target_lang))
-  return write_evaluation(output_dir, workdir, config, checkpoint, step, translations, scores,
-                          split=split, input_file=input_file, reference_file=reference_file)
+    sources = None  # the input file holds them, in the translations' order
+  return evaluation_files.write_evaluation(output_dir, workdir, config, checkpoint, step,
+                                           translations, scores, split=split, input_file=input_file,
+                                           reference_file=reference_file, sources=sources)
 
 
-def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig,
-                     checkpoint: str | int, step: int, translations: Sequence[str],
-                     scores: Mapping[str, Any], *, split: str | None = None,
-                     input_file: str | None = None,
-                     reference_file: str | None = None) -> dict[str, Any]:
-  """Writes an evaluation's outputs, `<stem>.txt` (one translation a line) then `<stem>.json`
-  (what was evaluated, `IDENTITY_FIELDS`, and `scores`), each whole or not at all, from process
-  0; <stem> is `output_stem(output_dir, output_name(...))`. The same files whether eval.py or a
-  table's final evaluation made them.
-
-  Args:
-    output_dir: the folder (created if missing).
-    workdir, config: the run evaluated, with the decoding used.
-    checkpoint, step: the checkpoint asked for and the step it restored.
-    translations: the outputs, in input order.
-    scores: `scoring.score`'s dict ({} without references).
-    split / input_file, reference_file: what was translated (one of split and input_file).
-
-  Returns:
-    The results written to `<stem>.json`, with "num_sentences" and "translations_file".
-  """
-  identity = {
-      "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
-      "split": split, "input_file": input_file and os.path.abspath(input_file),
-      "reference_file": reference_file and os.path.abspath(reference_file),
-      "beam_size": config.decode.beam_size, "alpha": config.decode.alpha
-  }
-  what = split if split is not None else "input-" + os.path.basename(input_file)
-  stem = output_stem(
-      output_dir, output_name(what, checkpoint, step, config.decode.beam_size, config.decode.alpha),
-      identity)
-  results = {
-      **identity, "num_sentences": len(translations), "translations_file": stem + ".txt", **scores
-  }
-  if jax.process_index() == 0:
-    os.makedirs(output_dir, exist_ok=True)
-    json_files.write_text(stem + ".txt", "".join(t + "\n" for t in translations))
-    json_files.write_json(stem + ".json", results, indent=2)
-  return results
+def sources_to_write(task: pipeline.Task, split: str) -> list[str] | None:
+  """A split's sources, to write beside its translations (`evaluation_files.write_evaluation`)
+  where its stored order is not its files' line order (`Task.in_file_order`: WMT14); None where
+  it is."""
+  return None if task.in_file_order else task.source_texts(split)

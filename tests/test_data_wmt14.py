@@ -25,6 +25,7 @@ def test_mock_data_through_the_pipeline(tmp_path, monkeypatch):
   with tfds.testing.mock_data(num_examples=12):
     task = pipeline.Task(_task_config(tmp_path, source_lang="en", target_lang="de"))
     assert task.splits == ("train", "validation", "test")
+    assert not task.in_file_order  # the catalog's builder lets TFDS shuffle each split
     sources, targets = task.source_texts("train"), task.target_texts("train")
     assert len(sources) == len(targets) == 12 and sources != targets
     reverse = pipeline.Task(_task_config(tmp_path, source_lang="de", target_lang="en"))

@@ -260,15 +260,6 @@ def test_average_is_of_the_last_checkpoints_on_schedule_or_refused():
     evaluate.averaged_steps("w", [552], train_config, 2)
 
 
-def test_output_names_say_what_was_evaluated():
-  assert evaluate.output_name("test", "latest", 12, 4, 0.6) == "test.latest.step12.beam4.alpha0.6"
-  assert evaluate.output_name("test", "average:2", 12, 4,
-                              0.6) == ("test.average2.step12.beam4.alpha0.6")
-  assert evaluate.output_name("test", 8, 8, 1, 0.0) == "test.step8.beam1.alpha0.0"
-  assert evaluate.output_name("input-test", "best", 6, 4,
-                              0.6) == ("input-test.best.step6.beam4.alpha0.6")
-
-
 def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   """A split, then a file of the same name, then the same file again, then another folder's
   file of that name: three evaluations, three pairs of files; the repeat replaces its own."""
@@ -302,6 +293,27 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert other["input_file"] == str(theirs / "test") and split["split"] == "test"
   latest = evaluate_test(split="test", checkpoint="latest")
   assert latest["translations_file"] == os.path.join(out, "test.latest.step400.beam1.alpha0.6.txt")
+
+
+def test_a_split_stored_out_of_file_order_gets_its_sources_beside(run, tmp_path, monkeypatch,
+                                                                  caplog):
+  """WMT14's catalog builder lets TFDS shuffle its splits: the translations cannot be paired
+  with newstest2014's lines, so the sources are written beside them, line by line."""
+  config, workdir, _ = run
+  task = pipeline.get_task(config.task)
+  monkeypatch.setattr(task, "in_file_order", False)
+  result = evaluate.evaluate_checkpoint(workdir, checkpoint=300, split="test", beam_size=1,
+                                        output_dir=str(tmp_path))
+  stem = result["translations_file"][:-len(".txt")]
+  assert result["sources_file"] == stem + ".sources.txt"
+  assert evaluate.read_sentences(result["sources_file"]) == task.source_texts("test")
+  assert f"follow the order TFDS stored it in, not its files' line order; {stem}.sources.txt" in (
+      caplog.text)
+  monkeypatch.setattr(task, "in_file_order", True)
+  again = evaluate.evaluate_checkpoint(workdir, checkpoint=300, split="test", beam_size=1,
+                                       output_dir=str(tmp_path / "in_order"))
+  assert "sources_file" not in again and not any(
+      name.endswith(".sources.txt") for name in os.listdir(tmp_path / "in_order"))
 
 
 def test_an_output_folder_that_cannot_be_written_stops_before_any_work(run, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import sys
 import pytest
 from sacrebleu.metrics import BLEU
 
-from relpos import evaluate
+from relpos import evaluation_files
 from relpos.experiments import paired
 from relpos.experiments import report
 
@@ -80,7 +80,8 @@ def _run(tmp_path, row: str, seed: int, translations: list[str] | None, table="a
   }
   if translations is not None:
     path = paired.translations_file(run, str(tmp_path / workdir), "test")
-    assert os.path.basename(path) == evaluate.output_name("test", "best", 10, 4, 0.6) + ".txt"
+    name = evaluation_files.output_name("test", "best", 10, 4, 0.6)
+    assert os.path.basename(path) == name + ".txt"
     os.makedirs(os.path.dirname(path))
     with open(path, "w", encoding="utf-8") as f:
       f.write("".join(t + "\n" for t in translations))

@@ -35,6 +35,13 @@ class PairDataset:
   source_key: str = SOURCE_KEY
   target_key: str = TARGET_KEY
 
+  @property
+  def in_file_order(self) -> bool:
+    """Whether each split is stored in its source files' line order: relpos's own builders
+    store it so (`pair_info`); TFDS shuffles a builder's examples by key unless told not to,
+    as it does the catalog's `wmt14_translate`."""
+    return bool(self.builder.info.disable_shuffling)
+
   def data_sources(self) -> dict[str, Sequence[dict[str, bytes]]]:
     """Split name -> random-access data source of decoded examples."""
     return self.builder.as_data_source(split={split: split for split in self.splits})

@@ -148,6 +148,7 @@ class Task:
     builder = self._dataset.builder
     self.info = builder.info
     self.splits = self._dataset.splits
+    self.in_file_order = self._dataset.in_file_order  # else TFDS's shuffled order (WMT14)
     self._sources = datasets.check_readable(self._dataset)
     self.tokenizer = tokenizer_lib.load_or_train_tokenizer(
         os.path.join(
@@ -179,7 +180,8 @@ class Task:
     return (pair for chunk in self._pair_chunks(split) for pair in chunk)
 
   def source_texts(self, split: str) -> list[str]:
-    """The source sentences of a split, in the split's stored (file) order."""
+    """The source sentences of a split, in the split's stored order: its files' line order
+    where `in_file_order`, else the order TFDS shuffled it into when it prepared the data."""
     return [source for source, _ in self._pairs(split)]
 
   def target_texts(self, split: str) -> list[str]:

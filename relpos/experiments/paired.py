@@ -4,9 +4,9 @@ moves it (Koehn 2004; sacreBLEU's `--paired-bs`). Welch's t-test over seeds
 (`relpos.experiments.verdicts`) measures how much BLEU moves between trainings; this measures how
 much it moves between test sets, from two runs' translations of one split.
 
-Each finished run's translations are in its eval/ folder (`relpos.evaluate.write_evaluation`;
-written back there for a run restored from a published table). `annotate` adds to each run of
-`results.json` that has a baseline partner:
+Each finished run's translations are in its eval/ folder
+(`relpos.evaluation_files.write_evaluation`; written back there for a run restored from a
+published table). `annotate` adds to each run of `results.json` that has a baseline partner:
 
   "paired_bootstrap": {split: {"against": the partner's run name, "against_row": its row,
                                "bleu", "baseline_bleu", "difference" (bleu - baseline_bleu),
@@ -22,6 +22,7 @@ from sacrebleu import significance
 from sacrebleu.metrics import BLEU
 
 from relpos import evaluate
+from relpos import evaluation_files
 from relpos import run_config
 from relpos import workdir_files
 from relpos.data import pipeline
@@ -64,10 +65,11 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
 
 def translations_file(run: dict[str, Any], workdir: str, split: str) -> str:
   """The path of `run`'s translations of `split` by the checkpoint its scores are of, in the
-  eval/ folder of its `workdir` (`evaluate.output_name`)."""
+  eval/ folder of its `workdir` (`evaluation_files.output_name`)."""
   decode = run["config"]["decode"]
-  name = evaluate.output_name(split, decode.get("checkpoint", "best"), run["scores"][split]["step"],
-                              decode["beam_size"], decode["alpha"])
+  name = evaluation_files.output_name(split, decode.get("checkpoint",
+                                                        "best"), run["scores"][split]["step"],
+                                      decode["beam_size"], decode["alpha"])
   return os.path.join(workdir, workdir_files.EVAL_DIR, name + ".txt")
 
 

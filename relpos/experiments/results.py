@@ -150,8 +150,9 @@ TRANSLATIONS_DIR = "translations"
 
 def translations_of_test_splits(result: dict[str, Any], output_dir: str) -> list[str]:
   """The paths of the translation files in the eval/ folder of `result`'s run (in the table in
-  `output_dir`) of the splits it scored other than validation (`evaluate.output_name`:
-  `<split>.<checkpoint>.step<N>.beam<B>.alpha<A>.txt`), by name."""
+  `output_dir`) of the splits it scored other than validation (`evaluation_files.output_name`:
+  `<split>.<checkpoint>.step<N>.beam<B>.alpha<A>.txt`, and `.sources.txt` beside it for a
+  split stored out of its files' order), by name."""
   eval_dir = os.path.join(workdir_of(result, output_dir), workdir_files.EVAL_DIR)
   names = sorted(os.listdir(eval_dir)) if os.path.isdir(eval_dir) else []
   splits = [split for split in result["scores"] if split != "validation"]

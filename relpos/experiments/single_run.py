@@ -16,6 +16,7 @@ from relpos import attention_statistics
 from relpos import run_config
 from relpos import device_mesh
 from relpos import evaluate
+from relpos import evaluation_files
 from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
@@ -79,8 +80,9 @@ def score_checkpoint(
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
     translations = scored.pop("translations")
     scores[split] = {**scored, "step": step}
-    evaluate.write_evaluation(os.path.join(workdir, workdir_files.EVAL_DIR), workdir, config,
-                              checkpoint, step, translations, scored, split=split)
+    evaluation_files.write_evaluation(os.path.join(workdir, workdir_files.EVAL_DIR), workdir,
+                                      config, checkpoint, step, translations, scored, split=split,
+                                      sources=evaluate.sources_to_write(task, split))
     if split != "validation":
       sources, references = task.source_texts(split), task.target_texts(split)
       if subsets := task.subsets(split):

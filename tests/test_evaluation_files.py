@@ -1,0 +1,41 @@
+"""Tests for relpos.evaluation_files: an evaluation's output names, and its files written whole
+(translations, results, and the sources of a split stored out of its files' order)."""
+
+import json
+
+import ml_collections
+
+from relpos import evaluation_files
+
+
+def test_output_names_say_what_was_evaluated():
+  name = evaluation_files.output_name
+  assert name("test", "latest", 12, 4, 0.6) == "test.latest.step12.beam4.alpha0.6"
+  assert name("test", "average:2", 12, 4, 0.6) == "test.average2.step12.beam4.alpha0.6"
+  assert name("test", 8, 8, 1, 0.0) == "test.step8.beam1.alpha0.0"
+  assert name("input-test", "best", 6, 4, 0.6) == "input-test.best.step6.beam4.alpha0.6"
+
+
+def _config(beam_size=4, alpha=0.6):
+  return ml_collections.ConfigDict({"decode": {"beam_size": beam_size, "alpha": alpha}})
+
+
+def test_sources_are_written_line_by_line_beside_the_translations(tmp_path, caplog):
+  out = tmp_path / "eval"
+  results = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x y", "z"],
+                                              {"bleu": 1.0}, split="test", sources=["a b", "c"])
+  stem = str(out / "test.best.step7.beam4.alpha0.6")
+  assert results["translations_file"] == stem + ".txt"
+  assert results["sources_file"] == stem + ".sources.txt"
+  assert (out / "test.best.step7.beam4.alpha0.6.sources.txt").read_text() == "a b\nc\n"
+  assert (out / "test.best.step7.beam4.alpha0.6.txt").read_text() == "x y\nz\n"
+  assert json.loads((out / "test.best.step7.beam4.alpha0.6.json").read_text()) == results
+  assert "--input" in caplog.text  # how to keep a file's order
+  plain = evaluation_files.write_evaluation(str(out), "w", _config(beam_size=1), "best", 7, ["q"],
+                                            {}, split="test")
+  assert "sources_file" not in plain
+  assert sorted(p.name for p in out.iterdir()) == [
+      "test.best.step7.beam1.alpha0.6.json", "test.best.step7.beam1.alpha0.6.txt",
+      "test.best.step7.beam4.alpha0.6.json", "test.best.step7.beam4.alpha0.6.sources.txt",
+      "test.best.step7.beam4.alpha0.6.txt"
+  ]
