@@ -157,7 +157,9 @@ def score_split(model: nnx.Module, task: pipeline.Task, split: str, config: run_
 
 
 def read_sentences(path: str) -> list[str]:
-  """The lines of a UTF-8 text file (one sentence a line, final newline optional).
+  """The lines of a UTF-8 text file (one sentence a line, final newline optional). A leading
+  byte-order mark and Windows line ends (CRLF) are not part of a sentence: left in, a BOM would
+  lower the first reference's BLEU (66.9 instead of 100 for an identical 5-word sentence).
 
   Raises:
     FileNotFoundError: no such file.
@@ -170,7 +172,7 @@ def read_sentences(path: str) -> list[str]:
   except UnicodeDecodeError as e:
     raise ValueError(f"{path} is not UTF-8 text: byte {e.start} is "
                      f"{data[e.start:e.start + 1]!r} ({e.reason}).") from None
-  lines = text.split("\n")
+  lines = text.removeprefix("\ufeff").replace("\r\n", "\n").split("\n")
   if lines[-1] == "":
     lines.pop()
   if not lines:

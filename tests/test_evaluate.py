@@ -92,6 +92,12 @@ class _CharTokenizer:
     return [3 + ord(c) % 50 for c in text] + [1]
 
 
+def test_sentences_of_a_file_saved_with_a_bom_and_crlf_line_ends(tmp_path):
+  path = tmp_path / "refs.txt"
+  path.write_bytes("\ufeffdas ist ein Haus\r\nein Hund\r\n".encode("utf-8"))
+  assert evaluate.read_sentences(str(path)) == ["das ist ein Haus", "ein Hund"]
+
+
 def test_source_batches_keep_every_sentence_whole():
   texts = ["x" * n for n in (5, 40, 0, 17, 3, 70, 9)]
   seen = {}
