@@ -117,12 +117,20 @@ def close_names(name: str, known: Sequence[str]) -> list[str]:
   return [k for k in known if k.startswith(name)] or difflib.get_close_matches(name, known, n=1)
 
 
+# A mistyped name this close to a field's (difflib's ratio) is taken for a typo of it alone.
+TYPO_RATIO = 0.9
+
+
 def did_you_mean(candidates: Sequence[str], path: str = "") -> str:
   """" Did you mean 'x'?" for the first of the names close to a mistyped one, appended to the
   message for a field that does not exist, and a hint at --import when the field's dotted
   `path` is under model. (a field of a position variant of the user's own, forgotten --import:
-  `kerple_shared_across_layers` is close to `relative_shared_across_layers`)."""
+  `kerple_shared_across_layers` is close to `relative_shared_across_layers`), unless the name
+  is a typo of the first (difflib's ratio >= TYPO_RATIO: `num_head` for `num_heads`)."""
   meant = f" Did you mean {candidates[0]!r}?" if candidates else ""
+  typed = path.rsplit(".", 1)[-1]
+  if candidates and difflib.SequenceMatcher(None, typed, candidates[0]).ratio() >= TYPO_RATIO:
+    return meant
   if path.startswith("model."):
     own = " Or a" if candidates else " A"
     return (f"{meant}{own} field of a position variant of your own? Pass its module with "

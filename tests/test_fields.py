@@ -83,3 +83,5 @@ def test_a_mistyped_name_is_offered_the_names_it_begins_or_the_closest():
                                  " Did you mean 'relative_shared_across_layers'? Or a field of a "
                                  "position variant of your own? Pass its module with --import "
                                  "first.")
+  # A typo of a field's name (ratio 0.94) is that field's alone.
+  assert fields.did_you_mean(["num_heads"], "model.num_head") == " Did you mean 'num_heads'?"
