@@ -5,9 +5,9 @@ modules the run imported with --import, recorded in `<workdir>/imports.json`, ar
 translates a split (--split) or a file of source sentences (--input, with --reference for
 scores) with beam search, and writes the translations and a JSON of sacreBLEU (score and
 signature), chrF, the number of sentences and the checkpoint step to --output_dir
-(default `<workdir>/eval`), named after what was evaluated (`relpos.evaluate.output_name`:
-split or input file, checkpoint choice, step, beam, alpha) and never replacing another
-evaluation's outputs. The JSON is also printed.
+(default `<workdir>/eval`), named after what was evaluated
+(`relpos.evaluation_files.output_name`: split or input file, checkpoint choice, step, beam,
+alpha) and never replacing another evaluation's outputs. The JSON is also printed.
 """
 import json
 

@@ -2,7 +2,7 @@
 
 On a CPU the Multi30K model is `configs/multi30k.py` at a cut batch; on an accelerator it is the
 GPU recipe `configs/multi30k_gpu.py` (bfloat16, cuDNN attention where it runs) at its own batch.
-Uses the library's own compiled step (`relpos.steps_lib.Steps`: forward, backward, optimizer update,
+Uses the library's own compiled step (`relpos.steps.Steps`: forward, backward, optimizer update,
 dropout on) on packed batches shaped like the task's (random tokens, segments of 3 to 20 tokens
 packed into rows of `task.max_length`). Variants are timed interleaved; steps/s are reported
 relative to `abs` of the same model and run.

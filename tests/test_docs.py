@@ -1,6 +1,7 @@
 """README.md and docs/: links and anchors resolve, commands name files that exist, the README's
 results tables equal the committed tables they come from (tools/readme_tables.py), and
 docs/layout.md names every module."""
+import importlib
 import pathlib
 import re
 import unicodedata
@@ -156,3 +157,37 @@ def test_layout_page_names_every_module_and_no_other():
       path.name for folder in ("configs", "examples") for path in (ROOT / folder).glob("*.py")
   }
   assert not named - existing, f"docs/layout.md names no longer existing {named - existing}"
+
+
+# A name of relpos's code in backticks, e.g. `relpos.evaluation_files.output_name`.
+CODE_NAME = re.compile(r"`(relpos(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(name: str) -> bool:
+  """Whether a dotted name is a module of relpos, or an attribute (of an attribute ...) of one."""
+  parts = name.split(".")
+  for split in range(len(parts), 0, -1):
+    try:
+      found = importlib.import_module(".".join(parts[:split]))
+    except ImportError:
+      continue
+    for attribute in parts[split:]:
+      if not hasattr(found, attribute):
+        return False
+      found = getattr(found, attribute)
+    return True
+  return False
+
+
+def test_code_names_in_pages_and_docstrings_exist():
+  """A module or function renamed leaves no page or docstring naming the old one."""
+  sources = PAGES + [
+      path for folder in ("relpos", "benchmarks", "tools", "configs", "examples")
+      for path in (ROOT / folder).rglob("*.py")
+  ] + [ROOT / "train.py", ROOT / "eval.py"]
+  names = {(name, str(path.relative_to(ROOT)))
+           for path in sources
+           for name in CODE_NAME.findall(path.read_text(encoding="utf-8"))}
+  assert len(names) > 50
+  missing = sorted(f"{path}: {name}" for name, path in names if not _resolves(name))
+  assert not missing, "names of no module or attribute: " + ", ".join(missing)
