@@ -152,3 +152,27 @@ def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):
   assert wrong.stderr.strip().splitlines()[-1].startswith(
       "error: row 'rel_qv' is not in table 'ablation'; allowed: abs, ")
   assert "Traceback" not in wrong.stderr
+
+
+def test_the_table_of_a_folder_is_read_from_its_run_names(table, tmp_path):
+  output_dir, _ = table  # abs, rel_kv, none and rope of seed 0 have folders; t5's was replaced
+  assert status.table_in_folder(output_dir) == ("synthetic", "ablation",
+                                                ["abs", "rel_kv", "none", "rope"], 1)
+  sweep = tmp_path / "sweep"
+  for name in ("tiny-k_sweep-k16-seed2", "tiny-k_sweep-k3-seed0", "tiny-k_sweep-k0-seed1"):
+    os.makedirs(sweep / "runs" / name)
+  assert status.table_in_folder(str(sweep)) == ("tiny", "k_sweep", ["k=0", "k=3", "k=16"], 3)
+  os.makedirs(sweep / "runs" / "synthetic-k_sweep-k4-seed0")  # another task: no one table
+  assert status.table_in_folder(str(sweep)) is None
+  assert status.table_in_folder(str(tmp_path / "empty")) is None
+
+
+def test_status_of_a_folder_alone_reports_the_table_it_holds(tmp_path):
+  for name in ("tiny-k_sweep-k16-seed1", "tiny-k_sweep-k3-seed0"):
+    os.makedirs(tmp_path / "runs" / name)
+  done = subprocess.run(
+      [sys.executable, "-m", "relpos.experiments.run", f"--output_dir={tmp_path}", "--status"],
+      cwd=ROOT, capture_output=True, text=True, check=True)
+  assert done.stdout.startswith(f"Table k_sweep on tiny in {tmp_path}: not running.\n"
+                                "0 of 4 runs finished, 2 stopped, 2 not started.\n")
+  assert "tiny-k_sweep-k3-seed1" in done.stdout and "Also in" not in done.stdout

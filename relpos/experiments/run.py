@@ -26,13 +26,11 @@ failed (its log is named).
 
 A long table on a shared machine (hours per run): start it detached and at low priority, with
 its output folder outside the source tree; rerun the same command after any stop, and the same
-command with --status to see where it stands:
+command with --status (or --output_dir alone with --status) to see where it stands:
   setsid nice -n 19 python -m relpos.experiments.run --table=ablation --task=multi30k_gpu \
       --rows=rel_kv,abs,none --seeds=3 --order=seeds --set=model.dtype=float32 \
       --output_dir=$HOME/relpos-runs/multi30k >> $HOME/relpos-runs/multi30k.log 2>&1 &
-  python -m relpos.experiments.run --table=ablation --task=multi30k_gpu \
-      --rows=rel_kv,abs,none --seeds=3 --order=seeds --output_dir=$HOME/relpos-runs/multi30k \
-      --status
+  python -m relpos.experiments.run --output_dir=$HOME/relpos-runs/multi30k --status
 """
 
 import sys
@@ -91,7 +89,8 @@ _LIST = flags.DEFINE_bool(
 _STATUS = flags.DEFINE_bool(
     "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
     "state, step, newest checkpoint, best validation BLEU, test BLEU and training time left) "
-    "and exit: the table's own command with --status added, safe while it runs.")
+    "and exit: the table's own command with --status added, or --output_dir alone (the table, "
+    "task, rows and seeds then read from its runs' names); safe while it runs.")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
@@ -129,10 +128,14 @@ def main(argv: Sequence[str]) -> None:
   if _STATUS.value:
 
     def report() -> str:
-      rows = runner.table_rows(_TABLE.value, _ROWS.value)
-      runs = runner.table_runs(_TABLE.value, _TASK.value, rows, range(_SEEDS.value),
+      table, task, rows, seeds = _TABLE.value, _TASK.value, _ROWS.value, _SEEDS.value
+      if not any(flags.FLAGS[name].present for name in ("table", "task", "rows", "seeds")):
+        # --output_dir alone: the table its runs belong to, rather than the defaults'.
+        task, table, rows, seeds = status.table_in_folder(
+            _OUTPUT_DIR.value) or (task, table, rows, seeds)
+      runs = runner.table_runs(table, task, runner.table_rows(table, rows), range(seeds),
                                _OUTPUT_DIR.value, _ORDER.value)
-      return status.report(_TABLE.value, _TASK.value, runs, _OUTPUT_DIR.value)
+      return status.report(table, task, runs, _OUTPUT_DIR.value)
 
     print(cli.run(argv, report))
     return

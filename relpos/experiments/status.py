@@ -31,6 +31,7 @@ from relpos.experiments.markdown import duration
 from relpos.experiments import results
 from relpos.experiments import runner
 from relpos.experiments import single_run
+from relpos.experiments import tables
 from relpos.experiments import verdicts
 
 # A run's states: its result.json written; a process holds its run or train lock (training or
@@ -136,6 +137,34 @@ def _row(status: RunStatus) -> list[str]:
 def _aligned(rows: list[list[str]]) -> list[str]:
   widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
   return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def table_in_folder(output_dir: str) -> tuple[str, str, list[str], int] | None:
+  """(task, table, rows, number of seeds) of the runs in `output_dir`'s runs/ folder, read from
+  their names (`<task>-<table>-<row>-seed<seed>`, `runner.table_runs`), when they are of one
+  table on one task; rows in the table's order, seeds 0 to the highest found. None otherwise:
+  no runs, or runs of several tables or tasks."""
+  runs_dir = os.path.join(output_dir, results.RUNS_DIR)
+  found = []
+  for name in os.listdir(runs_dir) if os.path.isdir(runs_dir) else []:
+    head, mark, seed = name.rpartition("-seed")
+    parts = head.split("-", 2)
+    if results.REPLACED_MARK in name or not mark or not seed.isdigit() or len(parts) != 3:
+      continue
+    task, table, row = parts
+    if table == "k_sweep":  # k=16 is named k16
+      row = "k=" + row.removeprefix("k")
+    found.append((task, table, row, int(seed)))
+  if len({(task, table) for task, table, _, _ in found}) != 1 or found[0][1] not in tables.TABLES:
+    return None
+  task, table = found[0][:2]
+  present = {row for _, _, row, _ in found}
+  if table == "k_sweep":
+    rows = sorted(present, key=lambda row: int(row.removeprefix("k=")))
+  else:
+    rows = [row for row in tables.TABLES[table] + tables.more_rows(table) if row in present]
+    rows += sorted(present - set(rows))  # variants of one's own not imported here
+  return task, table, rows, max(seed for *_, seed in found) + 1
 
 
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
