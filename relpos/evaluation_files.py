@@ -78,7 +78,7 @@ def output_stem(output_dir: str, name: str, identity: dict[str, Any]) -> str:
   stem, n = os.path.join(output_dir, name), 1
   while True:
     candidate = stem if n == 1 else f"{stem}.{n}"
-    taken = any(os.path.exists(candidate + ext) for ext in (".txt", ".json"))
+    taken = any(os.path.exists(candidate + ext) for ext in (".txt", ".json", SOURCES_SUFFIX))
     if not taken or _same_evaluation(candidate + ".json", identity):
       break
     n += 1

@@ -17,6 +17,7 @@ from relpos import workdir_files
 from relpos.experiments import runner
 from relpos.experiments import single_run
 from relpos.experiments import status
+from relpos.experiments import tables
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -156,23 +157,43 @@ def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):
 
 def test_the_table_of_a_folder_is_read_from_its_run_names(table, tmp_path):
   output_dir, _ = table  # abs, rel_kv, none and rope of seed 0 have folders; t5's was replaced
-  assert status.table_in_folder(output_dir) == ("synthetic", "ablation",
-                                                ["abs", "rel_kv", "none", "rope"], 1)
+  assert status.table_in_folder(output_dir) == {
+      "table": "ablation", "task": "synthetic", "rows": ["abs", "rel_kv", "none", "rope"],
+      "seeds": 1
+  }
   sweep = tmp_path / "sweep"
-  for name in ("tiny-k_sweep-k16-seed2", "tiny-k_sweep-k3-seed0", "tiny-k_sweep-k0-seed1"):
+  for name in ("tiny-k_sweep-k16-seed2", "tiny-k_sweep-k3-seed0", "tiny-k_sweep-k0-seed1",
+               "tiny-k_sweep-kx-seed0", "tiny-ablation-myvariant-seed0"):
     os.makedirs(sweep / "runs" / name)
-  assert status.table_in_folder(str(sweep)) == ("tiny", "k_sweep", ["k=0", "k=3", "k=16"], 3)
-  os.makedirs(sweep / "runs" / "synthetic-k_sweep-k4-seed0")  # another task: no one table
-  assert status.table_in_folder(str(sweep)) is None
+  with pytest.raises(
+      ValueError, match=r"holds runs of several tables: ablation on tiny, "
+      r"k_sweep on tiny; choose one with --table and --task\.$"):
+    status.table_in_folder(str(sweep))
+  assert status.table_in_folder(str(sweep), table="k_sweep") == {
+      "table": "k_sweep", "task": "tiny", "rows": ["k=0", "k=3", "k=16"], "seeds": 3
+  }
+  # A variant of one's own not imported: its run is left out, the table's rows stand in.
+  assert status.table_in_folder(str(sweep),
+                                table="ablation")["rows"] == list(tables.TABLES["ablation"])
+  assert status.table_in_folder(str(sweep), task="synthetic") is None
   assert status.table_in_folder(str(tmp_path / "empty")) is None
 
 
 def test_status_of_a_folder_alone_reports_the_table_it_holds(tmp_path):
   for name in ("tiny-k_sweep-k16-seed1", "tiny-k_sweep-k3-seed0"):
     os.makedirs(tmp_path / "runs" / name)
-  done = subprocess.run(
-      [sys.executable, "-m", "relpos.experiments.run", f"--output_dir={tmp_path}", "--status"],
-      cwd=ROOT, capture_output=True, text=True, check=True)
+  command = [sys.executable, "-m", "relpos.experiments.run", f"--output_dir={tmp_path}", "--status"]
+  done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
   assert done.stdout.startswith(f"Table k_sweep on tiny in {tmp_path}: not running.\n"
                                 "0 of 4 runs finished, 2 stopped, 2 not started.\n")
   assert "tiny-k_sweep-k3-seed1" in done.stdout and "Also in" not in done.stdout
+  assert done.stdout.rstrip().endswith("(the table's own command with --status shows it).")
+  # A flag given is kept, the others read from the folder.
+  done = subprocess.run(command + ["--seeds=3"], cwd=ROOT, capture_output=True, text=True,
+                        check=True)
+  assert "0 of 6 runs finished, 2 stopped, 4 not started." in done.stdout
+  empty = subprocess.run(command[:3] + [f"--output_dir={tmp_path / 'none'}", "--status"], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+  assert empty.returncode == 1 and empty.stderr.strip().splitlines()[-1] == (
+      f"error: {tmp_path / 'none'} holds no runs of a table: give the table's own command with "
+      "--status.")

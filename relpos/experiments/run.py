@@ -128,14 +128,23 @@ def main(argv: Sequence[str]) -> None:
   if _STATUS.value:
 
     def report() -> str:
-      table, task, rows, seeds = _TABLE.value, _TASK.value, _ROWS.value, _SEEDS.value
-      if not any(flags.FLAGS[name].present for name in ("table", "task", "rows", "seeds")):
-        # --output_dir alone: the table its runs belong to, rather than the defaults'.
-        task, table, rows, seeds = status.table_in_folder(
-            _OUTPUT_DIR.value) or (task, table, rows, seeds)
-      runs = runner.table_runs(table, task, runner.table_rows(table, rows), range(seeds),
-                               _OUTPUT_DIR.value, _ORDER.value)
-      return status.report(table, task, runs, _OUTPUT_DIR.value)
+      asked = {
+          "table": _TABLE.value, "task": _TASK.value, "rows": _ROWS.value, "seeds": _SEEDS.value
+      }
+      given = {name for name in asked if flags.FLAGS[name].present}
+      folder = status.table_in_folder(_OUTPUT_DIR.value,
+                                      **{name: asked[name] for name in given & {"table", "task"}})
+      if not given and folder is None:
+        raise ValueError(f"{_OUTPUT_DIR.value} holds no runs of a table: give the table's own "
+                         f"command with --status.")
+      note = ""
+      if folder is not None and given != set(asked):  # what is not given, from the folder's runs
+        asked.update((name, value) for name, value in folder.items() if name not in given)
+        note = "\n\n" + status.inferred_note(_OUTPUT_DIR.value)
+      runs = runner.table_runs(asked["table"], asked["task"],
+                               runner.table_rows(asked["table"], asked["rows"]),
+                               range(asked["seeds"]), _OUTPUT_DIR.value, _ORDER.value)
+      return status.report(asked["table"], asked["task"], runs, _OUTPUT_DIR.value) + note
 
     print(cli.run(argv, report))
     return

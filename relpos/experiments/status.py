@@ -21,6 +21,7 @@ import datetime
 import os
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from relpos import checkpoints
 from relpos import json_files
@@ -139,11 +140,23 @@ def _aligned(rows: list[list[str]]) -> list[str]:
   return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def table_in_folder(output_dir: str) -> tuple[str, str, list[str], int] | None:
-  """(task, table, rows, number of seeds) of the runs in `output_dir`'s runs/ folder, read from
-  their names (`<task>-<table>-<row>-seed<seed>`, `runner.table_runs`), when they are of one
-  table on one task; rows in the table's order, seeds 0 to the highest found. None otherwise:
-  no runs, or runs of several tables or tasks."""
+def inferred_note(output_dir: str) -> str:
+  """Said under a report whose table, task, rows or seeds were read from the folder's runs."""
+  return (f"The table, task, rows and seeds not given were read from the names of the runs in "
+          f"{os.path.join(output_dir, results.RUNS_DIR)}: a row or seed not started yet is not "
+          f"among them (the table's own command with --status shows it).")
+
+
+def table_in_folder(output_dir: str, *, table: str | None = None,
+                    task: str | None = None) -> dict[str, Any] | None:
+  """{"table", "task", "rows", "seeds" (their number)} of the runs in `output_dir`'s runs/
+  folder, read from their names (`<task>-<table>-<row>-seed<seed>`, `runner.table_runs`; those
+  of `table` and `task` where given): rows in the table's order, seeds 0 to the highest found.
+  None where no run is there.
+
+  Raises:
+    ValueError: runs of several tables or tasks, naming them and the flags that choose one.
+  """
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   found = []
   for name in os.listdir(runs_dir) if os.path.isdir(runs_dir) else []:
@@ -151,20 +164,31 @@ def table_in_folder(output_dir: str) -> tuple[str, str, list[str], int] | None:
     parts = head.split("-", 2)
     if results.REPLACED_MARK in name or not mark or not seed.isdigit() or len(parts) != 3:
       continue
-    task, table, row = parts
-    if table == "k_sweep":  # k=16 is named k16
+    run_task, run_table, row = parts
+    if run_table == "k_sweep":  # k=16 is named k16
+      if not row.removeprefix("k").isdigit():
+        continue
       row = "k=" + row.removeprefix("k")
-    found.append((task, table, row, int(seed)))
-  if len({(task, table) for task, table, _, _ in found}) != 1 or found[0][1] not in tables.TABLES:
+    if run_table in tables.TABLES and table in (None, run_table) and task in (None, run_task):
+      found.append((run_task, run_table, row, int(seed)))
+  kinds = sorted({(run_task, run_table) for run_task, run_table, _, _ in found})
+  if not kinds:
     return None
-  task, table = found[0][:2]
+  if len(kinds) > 1:
+    raise ValueError(f"{runs_dir} holds runs of several tables: "
+                     f"{', '.join(f'{b} on {a}' for a, b in kinds)}; choose one with --table "
+                     f"and --task.")
+  task, table = kinds[0]
   present = {row for _, _, row, _ in found}
   if table == "k_sweep":
     rows = sorted(present, key=lambda row: int(row.removeprefix("k=")))
   else:
+    # A variant of one's own not imported here is left out (the report names its runs apart).
     rows = [row for row in tables.TABLES[table] + tables.more_rows(table) if row in present]
-    rows += sorted(present - set(rows))  # variants of one's own not imported here
-  return task, table, rows, max(seed for *_, seed in found) + 1
+  return {
+      "table": table, "task": task, "rows": rows or list(tables.TABLES[table]),
+      "seeds": max(seed for *_, seed in found) + 1
+  }
 
 
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
