@@ -3,7 +3,8 @@
 Layout of `output_dir`:
 
   table.lock     held by the table's process: a second table on the same folder is refused
-  runs/<task>-<table>-<row>-seed<seed>/   the run's workdir (config.json, checkpoints, metrics)
+  runs/<task>-<table>-<row>-seed<seed>/   the run's workdir (config.json, checkpoints, metrics;
+                                          named by `relpos.experiments.run_names`)
   runs/<task>-<table>-<row>-seed<seed>/result.json   written last: marks the run finished
   runs/<task>-<table>-<row>-seed<seed>/run.log   its process's stdout and stderr (--parallel > 1)
   results.json   every finished run (rebuilt from the result.json files after each run)
@@ -44,6 +45,7 @@ from relpos.data import pipeline
 from relpos.experiments import children
 from relpos.experiments import markdown
 from relpos.experiments import results
+from relpos.experiments import run_names
 from relpos.experiments import single_run
 from relpos.experiments import tables
 
@@ -108,8 +110,7 @@ def table_runs(table: str, task: str, rows: Sequence[str], seeds: Sequence[int],
   pairs = ([(row, seed) for row in rows for seed in seeds]
            if order == "rows" else [(row, seed) for seed in seeds for row in rows])
   return [
-      Run(table, row, seed,
-          os.path.join(runs_dir, f"{task}-{table}-{row.replace('=', '')}-seed{seed}"))
+      Run(table, row, seed, os.path.join(runs_dir, run_names.run_name(task, table, row, seed)))
       for row, seed in pairs
   ]
 

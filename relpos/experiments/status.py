@@ -30,6 +30,7 @@ from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments.markdown import duration
 from relpos.experiments import results
+from relpos.experiments import run_names
 from relpos.experiments import runner
 from relpos.experiments import single_run
 from relpos.experiments import tables
@@ -150,8 +151,8 @@ def inferred_note(output_dir: str) -> str:
 def table_in_folder(output_dir: str, *, table: str | None = None,
                     task: str | None = None) -> dict[str, Any] | None:
   """{"table", "task", "rows", "seeds" (their number)} of the runs in `output_dir`'s runs/
-  folder, read from their names (`<task>-<table>-<row>-seed<seed>`, `runner.table_runs`; those
-  of `table` and `task` where given): rows in the table's order, seeds 0 to the highest found.
+  folder, read from their names (`relpos.experiments.run_names`; those of `table` and `task`
+  where given): rows in the table's order, seeds 0 to the highest found.
   None where no run is there.
 
   Raises:
@@ -160,18 +161,11 @@ def table_in_folder(output_dir: str, *, table: str | None = None,
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   found = []
   for name in os.listdir(runs_dir) if os.path.isdir(runs_dir) else []:
-    head, mark, seed = name.rpartition("-seed")
-    parts = head.split("-", 2)
-    if results.REPLACED_MARK in name or not mark or not seed.isdigit() or len(parts) != 3:
-      continue
-    run_task, run_table, row = parts
-    if run_table == "k_sweep":  # k=16 is named k16
-      if not row.removeprefix("k").isdigit():
-        continue
-      row = "k=" + row.removeprefix("k")
-    if run_table in tables.TABLES and table in (None, run_table) and task in (None, run_task):
-      found.append((run_task, run_table, row, int(seed)))
-  kinds = sorted({(run_task, run_table) for run_task, run_table, _, _ in found})
+    parsed = run_names.parse_run_name(name)
+    if (parsed and parsed.table in tables.TABLES and table in (None, parsed.table) and
+        task in (None, parsed.task)):
+      found.append(parsed)
+  kinds = sorted({(run.task, run.table) for run in found})
   if not kinds:
     return None
   if len(kinds) > 1:
@@ -179,15 +173,15 @@ def table_in_folder(output_dir: str, *, table: str | None = None,
                      f"{', '.join(f'{b} on {a}' for a, b in kinds)}; choose one with --table "
                      f"and --task.")
   task, table = kinds[0]
-  present = {row for _, _, row, _ in found}
+  present = {run.row for run in found}
   if table == "k_sweep":
-    rows = sorted(present, key=lambda row: int(row.removeprefix("k=")))
+    rows = sorted(present, key=lambda row: int(row.removeprefix(tables.K_PREFIX)))
   else:
     # A variant of one's own not imported here is left out (the report names its runs apart).
     rows = [row for row in tables.TABLES[table] + tables.more_rows(table) if row in present]
   return {
       "table": table, "task": task, "rows": rows or list(tables.TABLES[table]),
-      "seeds": max(seed for *_, seed in found) + 1
+      "seeds": max(run.seed for run in found) + 1
   }
 
 

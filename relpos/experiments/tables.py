@@ -20,6 +20,8 @@ from relpos import variants
 
 # Clipping distances of the paper's Table 2 (relative positions only, no absolute).
 K_GRID = (0, 1, 2, 4, 16, 64, 256)
+# A k sweep row: k=<int>, rel_kv with that clipping distance.
+K_PREFIX = "k="
 
 _RELATIVE_ONLY = {"position": "relative", "add_absolute": False}
 
@@ -79,7 +81,7 @@ LENGTH_BASES = (("fire", "t5"), ("fire", "rel_kv"), ("shape", "abs"), ("randomiz
 # Table name -> its rows when none are named.
 TABLES: dict[str, tuple[str, ...]] = {
     "ablation": ABLATION_ROWS,
-    "k_sweep": tuple(f"k={k}" for k in K_GRID),
+    "k_sweep": tuple(f"{K_PREFIX}{k}" for k in K_GRID),
     "length": LENGTH_ROWS,
 }
 
@@ -98,8 +100,6 @@ TASK_CONFIGS = {
 }
 TASKS = tuple(TASK_CONFIGS)
 DEFAULT_TASK = "synthetic"
-
-_K_PREFIX = "k="
 
 
 def task_config(task: str) -> ml_collections.ConfigDict:
@@ -146,8 +146,8 @@ def row_overrides(row: str) -> dict[str, object]:
     return dict(ROWS[row])
   if row in own_variants:
     return {"position": row, "add_absolute": False}
-  if row.startswith(_K_PREFIX):
-    k = row[len(_K_PREFIX):]
+  if row.startswith(K_PREFIX):
+    k = row[len(K_PREFIX):]
     if not k.isdigit():
       raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
     return {**ROWS["rel_kv"], "max_relative_position": int(k)}
@@ -177,7 +177,7 @@ def rows_text(table: str) -> str:
 def row_in_table(row: str, table: str) -> bool:
   """Whether `row` belongs to `table`: one of its default rows or `more_rows`; for the k sweep
   any `k=<int>`."""
-  if table == "k_sweep" and row.startswith(_K_PREFIX):
+  if table == "k_sweep" and row.startswith(K_PREFIX):
     row_overrides(row)  # a malformed k raises, naming the row
     return True
   return row in TABLES[table] or row in more_rows(table)
