@@ -3,10 +3,9 @@
 Layout of `output_dir`:
 
   table.lock     held by the table's process: a second table on the same folder is refused
-  runs/<task>-<table>-<row>-seed<seed>/   the run's workdir (config.json, checkpoints, metrics;
-                                          named by `relpos.experiments.run_names`)
-  runs/<task>-<table>-<row>-seed<seed>/result.json   written last: marks the run finished
-  runs/<task>-<table>-<row>-seed<seed>/run.log   its process's stdout and stderr (--parallel > 1)
+  runs/<run>/    a run's workdir, `relpos.experiments.run_names`: config.json, checkpoints, ...
+  runs/<run>/result.json   written last: marks the run finished
+  runs/<run>/run.log       its process's stdout and stderr (--parallel > 1)
   results.json   every finished run (rebuilt from the result.json files after each run)
   table.md       made from results.json alone (`relpos.experiments.report`)
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.plots_learned`)
