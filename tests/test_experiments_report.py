@@ -45,7 +45,7 @@ def test_table_says_where_the_time_went(tmp_path):
   runs[1]["wall_time_s"], runs[1]["time_s"]["training"] = 32_000.0, 31_970.0  # hours: readable
   path.write_text(json.dumps({"schema_version": 3, "runs": runs}))
   assert report.write_table(str(path), str(tmp_path / "table.md")).count(
-      "Time per run (mean of 2): 16,050 s (4 h 27 min) = training 16,020 s (steps, ") == 1
+      "Time per run (mean of 2): 16,050 s (4 h 28 min) = training 16,020 s (steps, ") == 1
 
 
 def test_table_before_any_run_finished_says_so():

@@ -8,7 +8,8 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def duration(seconds: float) -> str:
-  """"1 h 02 min", "12 min", "40 s"."""
-  if seconds >= 3600:
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
-  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+  """"1 h 02 min", "12 min", "40 s": rounded to the nearest minute from one minute on."""
+  if seconds < 59.5:
+    return f"{seconds:.0f} s"
+  minutes = round(seconds / 60)
+  return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
