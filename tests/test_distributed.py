@@ -5,7 +5,12 @@ import pytest
 from relpos import distributed
 
 
-def test_one_process_needs_nothing():
+def test_one_process_needs_nothing(monkeypatch):
+  def must_not_run(*args, **kwargs):
+    raise AssertionError("called for one process")
+
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", must_not_run)
+  monkeypatch.setattr(distributed.line_filter, "LineFilter", must_not_run)
   distributed.initialize("")  # returns at once: no coordinator, no line filter
 
 

@@ -15,6 +15,7 @@ from flax import nnx
 from configs import tiny
 from relpos import checkpoints
 from relpos import run_config
+from relpos import scoring
 from relpos import decode
 from relpos import device_mesh
 from relpos import evaluate
@@ -295,7 +296,12 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
     assert json_files.read_json(result["translations_file"][:-4] + ".json") == result
     with open(result["translations_file"], encoding="utf-8") as f:
       assert f.read().count("\n") == count
-  assert split["bleu"] >= 0 and "bleu" not in again
+  with open(split["translations_file"], encoding="utf-8") as f:
+    translations = f.read().splitlines()
+  references = pipeline.get_task(config.task).target_texts("test")
+  assert split["bleu"] == scoring.score(translations, references,
+                                        language=config.task.target_lang)["bleu"]
+  assert "bleu" not in again  # no reference for an input file
   assert other["input_file"] == str(theirs / "test") and split["split"] == "test"
   latest = evaluate_test(split="test", checkpoint="latest")
   assert latest["translations_file"] == os.path.join(out, "test.latest.step400.beam1.alpha0.6.txt")

@@ -346,11 +346,79 @@ def test_bias_path_equals_the_xla_path(name, kwargs):
   np.testing.assert_allclose(folded.astype(jnp.float32), plain, atol=0.06, err_msg=name)
 
 
+def _cudnn_branch_on_cpu(monkeypatch) -> list[str]:
+  """Sends `relative_dot_product_attention` down its cuDNN branch on CPU: `_use_cudnn` says yes
+  and `jax.nn.dot_product_attention` runs as XLA. Returns the implementations it was asked for."""
+  monkeypatch.setattr(kernel, "_use_cudnn", lambda *args: True)
+  asked, dot_product_attention = [], jax.nn.dot_product_attention
+
+  def as_xla(*args, implementation=None, **kwargs):
+    asked.append(implementation)
+    return dot_product_attention(*args, **kwargs, implementation="xla")
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", as_xla)
+  return asked
+
+
+def _cudnn_branch_cases():
+  """The bias path's cases, a k beyond the length (the tables' middle rows only) and a batch with
+  padding queries that attend nowhere (opened by `fused.without_empty_rows` on that branch)."""
+  real = jnp.array([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], bool)
+  padded = real[:, None, :, None] & real[:, None, None, :] & jnp.tril(jnp.ones((8, 8), bool))
+  return _bias_path_cases() + [
+      ("rel_k_k16", {"rel_key": _normal(23, (2, 33, 8)), "max_distance": 16}),
+      ("rel_k_padded_rows", {"rel_key": _normal(24, (5, 8)), "max_distance": 2, "mask": padded}),
+  ]
+
+
+@pytest.mark.parametrize("name,kwargs", _cudnn_branch_cases())
+def test_cudnn_branch_equals_the_xla_path_in_outputs_and_gradients(monkeypatch, name, kwargs):
+  inputs = _random_inputs(34, 2, 8, 8, 2, 8, 0, False, "")
+  args = (inputs["query"], inputs["key"], inputs["value"])
+  mask = kwargs.get("mask")
+  # Queries that attend somewhere: the others are padding, whose outputs nothing reads.
+  attending = (jnp.ones(
+      (2, 8), bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask),
+                                                          (2, 2, 8, 8)).any(-1).all(1)
+              )  # [batch, q_len]
+
+  def loss_and_grads(implementation):
+    def loss(query, key, value):
+      out = kernel.relative_dot_product_attention(query, key, value, **kwargs,
+                                                  implementation=implementation)
+      weights = _normal(35, out.shape) * attending[:, :, None, None]
+      return jnp.sum(out * weights), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(*args)
+    return out * attending[:, :, None, None], grads
+
+  xla_out, xla_grads = loss_and_grads("xla")
+  asked = _cudnn_branch_on_cpu(monkeypatch)
+  cudnn_out, cudnn_grads = loss_and_grads("cudnn")
+  assert asked and set(asked) == {"cudnn"}, name  # the branch ran
+  np.testing.assert_allclose(cudnn_out, xla_out, err_msg=name, **TOL)
+  for cudnn_grad, xla_grad in zip(cudnn_grads, xla_grads):
+    assert np.isfinite(cudnn_grad).all(), name
+    np.testing.assert_allclose(cudnn_grad, xla_grad, err_msg=name, **TOL)
+
+
 def test_auto_is_xla_where_cudnn_cannot_run():
   inputs = _random_inputs(31, 2, 8, 8, 2, 8, 2, False, "key+value")
   auto = kernel.relative_dot_product_attention(**inputs, max_distance=2)
   xla = kernel.relative_dot_product_attention(**inputs, max_distance=2, implementation="xla")
   np.testing.assert_array_equal(auto, xla)
+
+
+def test_auto_takes_cudnn_exactly_where_it_can_run(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # as a GPU would see the call
+  half = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
+  table = jnp.zeros((5, 8), jnp.bfloat16)
+  assert kernel._use_cudnn("auto", half, half, half, None, False)
+  assert not kernel._use_cudnn("auto", half, half, half, table, False)  # a^V
+  assert not kernel._use_cudnn("auto", half, half, half, None, True)  # dropout
+  full = half.astype(jnp.float32)
+  assert not kernel._use_cudnn("auto", full, full, full, None, False)
+  assert not kernel._use_cudnn("xla", half, half, half, None, False)
 
 
 @pytest.mark.parametrize(

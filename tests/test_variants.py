@@ -22,7 +22,7 @@ from relpos import model_config
 from relpos import positions as positions_lib
 from relpos import variants
 from test_model import ATOL, INPUTS, VOCAB, cached_and_full_logits, model_fields
-from test_steps import _random_batch, updates_on_one_batch
+from test_steps import _random_batch, initial_params, updates_on_one_batch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KERPLE = ROOT / "examples" / "kerple.py"
@@ -342,16 +342,21 @@ def test_fire_learns_c_and_the_threshold():
   batch = _random_batch(np.random.default_rng(2), 8, 16, config.task.vocab_size)
   losses, state = updates_on_one_batch(config, batch, 4)
   assert losses[-1] < losses[0]
-  leaves = {
-      jax.tree_util.keystr(path): leaf
-      for path, leaf in jax.tree_util.tree_flatten_with_path(state["params"])[0]
-  }
-  thresholds = [v for k, v in leaves.items() if k.endswith("['threshold']")]
-  log_cs = [v for k, v in leaves.items() if k.endswith("['log_c']")]
+
+  def fire_leaves(params, name: str) -> list[float]:
+    return [
+        float(leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+        if jax.tree_util.keystr(path).endswith(f"['{name}']")
+    ]
+
   layers = config.model.num_encoder_layers + config.model.num_decoder_layers
-  assert len(thresholds) == len(log_cs) == layers  # one per self-attention layer
-  assert all(float(t) != 16.0 for t in thresholds)
-  assert all(abs(float(c) - np.log(0.1)) > 0 for c in log_cs)
+  initial = initial_params(config)
+  for name in ("threshold", "log_c"):
+    before, after = fire_leaves(initial, name), fire_leaves(state["params"], name)
+    assert len(before) == len(after) == layers  # one per self-attention layer
+    assert before == pytest.approx([{"threshold": 16.0, "log_c": np.log(0.1)}[name]] * layers)
+    assert all(b != a for b, a in zip(before, after)), name  # each got a gradient
 
 
 def _packed_positions() -> np.ndarray:
