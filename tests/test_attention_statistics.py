@@ -69,6 +69,7 @@ def test_position_statistics_equal_the_parameters_read_directly(overrides):
   expected = _direct_position_statistics(model, inputs)
   assert set(statistics) == {"offsets", "attention_by_offset", "longest_distance", *expected}
   assert {k: statistics[k] for k in expected} == expected  # bit for bit
+  assert statistics["longest_distance"] == 4  # the first sentence's 5 tokens
   if "qak_by_offset" in expected:
     assert len(expected["qak_by_offset"]) == 2 and len(expected["qak_by_offset"][0]) == 5
 
@@ -90,3 +91,50 @@ def test_attention_profile_normalized_entropy_of_a_tiny_model(tiny_model):
     logs = [np.log(valid[b].sum()) for b in range(2) for i in range(6) if valid[b, i]]
     expected = np.mean(np.mean(entropy, axis=1) / np.array(logs))
     np.testing.assert_allclose(profile["normalized_entropy"][layer], expected, rtol=1e-5)
+
+
+def test_mean_by_offset_equals_a_loop_over_the_pairs_inside_each_sentence():
+  rng = np.random.default_rng(1)
+  valid = np.array([[True] * 6, [True] * 4 + [False] * 2, [True] * 2 + [False] * 4])
+  weights = rng.random((3, 2, 6, 6))
+  means = attention_statistics._mean_by_offset(weights, valid)  # pylint: disable=protected-access
+  for offset, mean in zip(
+      range(-attention_statistics.MAX_OFFSET, attention_statistics.MAX_OFFSET + 1), means):
+    pairs = [
+        weights[b, h, i, i + offset]
+        for b in range(3)
+        for h in range(2)
+        for i in range(6)
+        if 0 <= i + offset < 6 and valid[b, i] and valid[b, i + offset]
+    ]
+    if pairs:
+      assert mean == pytest.approx(np.mean(pairs), rel=1e-12), offset
+    else:  # |offset| >= 6: no pair
+      assert mean is None, offset
+  assert means[attention_statistics.MAX_OFFSET + 5] is not None  # only the first sentence's
+
+
+def test_encoder_attention_replays_the_encoder_layer_by_layer(tiny_model, monkeypatch):
+  """The sublayer inputs `_encoder_attention` yields are those the encoder's self-attention
+  receives in `Transformer.encode`, and a token's weights put nothing on padding keys."""
+  inputs = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 1, 0, 0, 0]], np.int32)
+  attention_class = type(tiny_model.encoder.layers[0].self_attention)
+  call, received = attention_class.__call__, []
+
+  def recording(self, x, **kwargs):
+    received.append(np.asarray(x))
+    return call(self, x, **kwargs)
+
+  monkeypatch.setattr(attention_class, "__call__", recording)
+  tiny_model.encode(jnp.asarray(inputs))
+  monkeypatch.undo()
+  layers = list(attention_statistics._encoder_attention(tiny_model, inputs))  # pylint: disable=protected-access
+  assert len(received) == len(layers) == 2
+  valid = inputs != 0
+  for given, (_, sublayer_input, weights) in zip(received, layers):
+    # Compared on tokens: padding rows attend differently in the two, and no token reads them.
+    np.testing.assert_allclose(
+        np.asarray(sublayer_input)[valid], given[valid], rtol=1e-6, atol=1e-6)
+    tokens_attending = weights.transpose(0, 2, 1, 3)[valid]  # [valid queries, heads, n]
+    np.testing.assert_array_equal(tokens_attending * ~valid.repeat([5, 3], 0)[:, None], 0)
+    np.testing.assert_allclose(tokens_attending.sum(-1), 1, rtol=1e-5)
