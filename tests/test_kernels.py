@@ -219,7 +219,8 @@ def test_bfloat16_inputs_keep_their_dtype():
   assert out.dtype == jnp.bfloat16
   full = kernel.relative_dot_product_attention(
       **{name: x.astype(jnp.float32) for name, x in low.items()}, max_distance=1)
-  np.testing.assert_allclose(out.astype(jnp.float32), full, atol=0.05)
+  # bfloat16 rounding of the products and the output: 0.010 measured on outputs up to 3.7
+  np.testing.assert_allclose(out.astype(jnp.float32), full, atol=0.025)
 
 
 def test_without_tables_matches_jax_dot_product_attention():
@@ -343,7 +344,8 @@ def test_bias_path_equals_the_xla_path(name, kwargs):
   low = [x.astype(jnp.bfloat16) for x in args]
   folded = fused.bias_attention(*low, **kwargs, implementation="xla")
   assert folded.dtype == jnp.bfloat16
-  np.testing.assert_allclose(folded.astype(jnp.float32), plain, atol=0.06, err_msg=name)
+  # 0.007-0.019 measured over the cases, on outputs up to 3.0
+  np.testing.assert_allclose(folded.astype(jnp.float32), plain, atol=0.04, err_msg=name)
 
 
 def _cudnn_branch_on_cpu(monkeypatch) -> list[str]:
