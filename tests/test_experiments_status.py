@@ -119,6 +119,9 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table, 
   assert "58.0" in lines[4]
   assert lines[6].endswith("UTC  8 s")  # 4 steps left at 0.5 steps/s
   assert lines[11].startswith("The finished runs took 2 h 00 min each")
+  # 2 h for each: 1/4 of rel_kv seed 0 (6 of 8 steps trained), 1/2 of none seed 0, 3 not started
+  assert lines[11].endswith(" The 5 runs not finished need about 7 h 30 min more (the finished "
+                            "runs' median, 2 h 00 min a run, less the steps each has trained).")
   assert lines[-1] == (f"Also in {output_dir}/runs, not in these rows and seeds: "
                        "synthetic-ablation-rope-seed0.")
   assert status.report(

@@ -1,9 +1,10 @@
-"""Where a table stands, read from its output folder while it runs: whether a table process
-holds the folder, and for each planned run its state, its last logged step, the checkpoint a
-restart resumes from, its best validation BLEU (once finished, the selected checkpoint's, as
-table.md gives it), once finished its test BLEU, and while it runs its training time left at its
-recent pace. A run written back from published results (`--restore_from`) is "finished
-(restored)", with no step or checkpoint of its own.
+"""Where a table stands, read from its output folder while it runs: whether a table process holds
+the folder, and for each planned run its state, its last logged step, the checkpoint a restart
+resumes from, its best validation BLEU (once finished, the selected checkpoint's, as table.md gives
+it), once finished its test BLEU, and while it runs its training time left at its recent pace; then
+the time the runs not finished need at the finished runs' median time. A run written back from
+published results (`--restore_from`) is "finished (restored)", with no step or checkpoint of its
+own.
 
 Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
 --status`: the table's own command, with --status added):
@@ -19,6 +20,7 @@ Nothing is locked, written or loaded onto a device (`python -m relpos.experiment
 import dataclasses
 import datetime
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -185,6 +187,20 @@ def table_in_folder(output_dir: str, *, table: str | None = None,
   }
 
 
+def _time_left(statuses: Sequence[RunStatus], took: Sequence[float]) -> str:
+  """" The N runs not finished need about T more ...": the finished runs' median time (`took`,
+  seconds) for each, less the share of its steps each has trained; "" when none is left."""
+  left = [s for s in statuses if s.state != "finished"]
+  if not left:
+    return ""
+  median = statistics.median(took)
+  trained = lambda s: min(s.step / s.num_steps, 1.0) if s.step and s.num_steps else 0.0
+  need = sum(median * (1.0 - trained(s)) for s in left)
+  runs = f"{len(left)} runs" if len(left) > 1 else "run"
+  return (f" The {runs} not finished need about {duration(need)} more (the finished runs' median, "
+          f"{duration(median)} a run, less the steps each has trained).")
+
+
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
   """The table's state in `output_dir` and one line per run of `runs` (in their order), a
   warning when a run is running and this machine is loaded (`metrics_writer.is_loaded`), then
@@ -210,7 +226,7 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
     each = (duration(took[0]) if len(took) == 1 else f"{duration(took[0])} to {duration(took[-1])}")
     lines += [
         "", f"The finished runs took {each} each (all their starts); a running run's "
-        "training left is at the pace of its last steps."
+        "training left is at the pace of its last steps." + _time_left(statuses, took)
     ]
   load, cpus = metrics_writer.load_average(), metrics_writer.usable_cpus()
   if (any(s.state == "running" for s in statuses) and load is not None and
