@@ -1,4 +1,5 @@
 """Joining a multi-process run (`--multihost`): every process runs the same command."""
+import re
 import sys
 
 import jax
@@ -9,6 +10,32 @@ from relpos import line_filter
 # a user: Gloo's on connecting the processes of a CPU run ("[Gloo] Rank 0 is connected to 1
 # peer ranks. ...", several per process, mixed into the progress bar and the JSON result).
 NOISE_LINE_PREFIXES = (b"[Gloo] Rank ",)
+
+_FORMAT = "'auto' or '<host:port>,<num_processes>,<process_id>'"
+# host:port,num_processes,process_id; the host may hold colons itself ([::1]:1234).
+_SPEC = re.compile(r"([^,\s]+):(\d+),(\d+),(\d+)")
+
+
+def _coordinator(multihost: str) -> tuple[str, int, int] | None:
+  """(coordinator address, number of processes, this process's id) of `multihost`; None for
+  'auto'.
+
+  Raises:
+    ValueError: a malformed `multihost`, a port outside 1-65535, or a process id not below
+      the number of processes, naming it.
+  """
+  if multihost == "auto":
+    return None
+  match = _SPEC.fullmatch(multihost)
+  if not match:
+    raise ValueError(f"--multihost={multihost!r}: must be {_FORMAT}.")
+  host, port, count, process = match.group(1), *map(int, match.groups()[1:])
+  if not 0 < port < 65536:
+    raise ValueError(f"--multihost={multihost!r}: the port {port} is not in 1-65535.")
+  if process >= count:
+    raise ValueError(f"--multihost={multihost!r}: the process id {process} must be below the "
+                     f"number of processes {count}.")
+  return f"{host}:{port}", count, process
 
 
 def initialize(multihost: str) -> None:
@@ -22,17 +49,21 @@ def initialize(multihost: str) -> None:
       (`line_filter.LineFilter`).
 
   Raises:
-    ValueError: a malformed `multihost`.
+    ValueError: a malformed `multihost`, or joining failed (JAX's reason, on one line, after
+      the flag: with 'auto' outside a cluster JAX finds no coordinator).
   """
   if not multihost:
     return
-  parts = multihost.split(",")
-  if multihost != "auto" and (len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit()):
-    raise ValueError(f"--multihost={multihost!r}: must be 'auto' or "
-                     "'<host:port>,<num_processes>,<process_id>'.")
+  coordinator = _coordinator(multihost)
   for stream in (sys.stdout, sys.stderr):
     line_filter.LineFilter(stream, NOISE_LINE_PREFIXES)
-  if multihost == "auto":
-    jax.distributed.initialize()
-  else:
-    jax.distributed.initialize(parts[0], num_processes=int(parts[1]), process_id=int(parts[2]))
+  try:
+    if coordinator is None:
+      jax.distributed.initialize()
+    else:
+      address, count, process = coordinator
+      jax.distributed.initialize(address, num_processes=count, process_id=process)
+  except (ValueError, RuntimeError) as e:  # RuntimeError: jax.errors.JaxRuntimeError
+    cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    where = " (no TPU, SLURM, Open MPI or Kubernetes cluster found)" if coordinator is None else ""
+    raise ValueError(f"--multihost={multihost!r}{where}: {cause}") from None

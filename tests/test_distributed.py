@@ -1,5 +1,7 @@
 """Tests for relpos.distributed: joining a multi-process run (tests/test_reliability.py runs
 two processes through it)."""
+import re
+
 import pytest
 
 from relpos import distributed
@@ -24,3 +26,41 @@ def test_a_malformed_multihost_is_one_line_naming_it(multihost):
 
 def test_the_noise_is_gloos_connection_lines():
   assert distributed.NOISE_LINE_PREFIXES == (b"[Gloo] Rank ",)
+
+
+@pytest.mark.parametrize("multihost,says", [
+    ("localhost:abc,1,0", "must be 'auto' or"),
+    ("localhost:0,1,0", "the port 0 is not in 1-65535."),
+    ("localhost:1234,2,5", "the process id 5 must be below the number of processes 2."),
+    ("localhost:1234,0,0", "the process id 0 must be below the number of processes 0."),
+])
+def test_a_port_or_process_id_that_cannot_be_is_one_line_before_joining(
+    monkeypatch, multihost, says):
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", _must_not_join)
+  with pytest.raises(ValueError, match=re.escape(f"--multihost={multihost!r}: {says}")):
+    distributed.initialize(multihost)
+
+
+def test_the_coordinator_is_passed_as_given_an_ipv6_host_too(monkeypatch):
+  joined = []
+  monkeypatch.setattr(distributed.jax.distributed, "initialize",
+                      lambda *args, **kwargs: joined.append((args, kwargs)))
+  monkeypatch.setattr(distributed.line_filter, "LineFilter", lambda *args: None)
+  distributed.initialize("[::1]:1234,2,1")
+  assert joined == [(("[::1]:1234",), {"num_processes": 2, "process_id": 1})]
+
+
+def test_joining_that_fails_is_one_line_after_the_flag(monkeypatch):
+  def no_cluster(*args, **kwargs):
+    raise ValueError("coordinator_address should be defined.\nmore detail")
+
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", no_cluster)
+  monkeypatch.setattr(distributed.line_filter, "LineFilter", lambda *args: None)
+  with pytest.raises(ValueError) as raised:
+    distributed.initialize("auto")
+  assert str(raised.value) == ("--multihost='auto' (no TPU, SLURM, Open MPI or Kubernetes "
+                               "cluster found): coordinator_address should be defined.")
+
+
+def _must_not_join(*args, **kwargs):
+  raise AssertionError("joined before the flag was checked")
