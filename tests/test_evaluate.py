@@ -124,8 +124,12 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
   _, workdir, _ = run
   empty = tmp_path / "empty.txt"
   empty.write_bytes(b"")
-  with pytest.raises(ValueError, match=f"{empty} is empty"):
+  with pytest.raises(ValueError, match=f"source file {empty} is empty"):
     evaluate.evaluate_checkpoint(workdir, input_file=str(empty))
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n \n\n", encoding="utf-8")
+  with pytest.raises(ValueError, match=f"source file {blank} holds blank lines only"):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(blank))
   latin1 = tmp_path / "latin1.txt"
   latin1.write_bytes("Grüße\n".encode("latin-1"))
   with pytest.raises(ValueError, match=rf"{latin1} is not UTF-8 text: byte 2 is b'\\xfc'"):
@@ -136,6 +140,12 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
   short.write_text("one\n", encoding="utf-8")
   with pytest.raises(ValueError, match=f"{short} has 1 lines but {good} has 2"):
     evaluate.evaluate_checkpoint(workdir, input_file=str(good), reference_file=str(short))
+  with pytest.raises(ValueError, match=f"reference file {empty} is empty: one reference sentence"):
+    evaluate.evaluate_checkpoint(workdir, input_file=str(good), reference_file=str(empty))
+  with pytest.raises(
+      ValueError, match=r"reference_file \(--reference\) goes with input_file "
+      r"\(--input\): split 'test' is scored against its own references."):
+    evaluate.evaluate_checkpoint(workdir, split="test", reference_file=str(good))
   with pytest.raises(ValueError, match=r"give exactly one of split \(--split\) and input_file"):
     evaluate.evaluate_checkpoint(workdir, split="test", input_file=str(good))
   with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
@@ -159,6 +169,7 @@ def test_workdir_without_checkpoint(run, tmp_path):
   os.symlink(os.path.join(workdir, "config.json"), tmp_path / "config.json")
   with pytest.raises(FileNotFoundError, match=f"no checkpoint is ready in {tmp_path}/checkpoints"):
     evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
+  assert not (tmp_path / "eval").exists()  # the output folder's check leaves nothing behind
 
 
 def test_eval_cli_reproduces_validation_and_runs_no_workdir_code(run, tmp_path):

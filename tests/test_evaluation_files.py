@@ -2,6 +2,7 @@
 (translations, results, and the sources of a split stored out of its files' order)."""
 
 import json
+import os
 
 import ml_collections
 
@@ -39,3 +40,11 @@ def test_sources_are_written_line_by_line_beside_the_translations(tmp_path, capl
       "test.best.step7.beam4.alpha0.6.json", "test.best.step7.beam4.alpha0.6.sources.txt",
       "test.best.step7.beam4.alpha0.6.txt"
   ]
+
+
+def test_the_write_check_leaves_no_folder_or_file_behind(tmp_path):
+  evaluation_files.check_writable(str(tmp_path / "new" / "eval"))
+  assert not (tmp_path / "new").exists()
+  (tmp_path / "kept").mkdir()
+  evaluation_files.check_writable(str(tmp_path / "kept"))
+  assert os.listdir(tmp_path / "kept") == []

@@ -94,7 +94,7 @@ def compare(run: dict[str, Any], partner: dict[str, Any], workdirs: Sequence[str
     logging.warning("No paired bootstrap for %s on %s: its references cannot be read (%s).",
                     os.path.basename(run["workdir"]), split, e)
     return None
-  system, baseline = (evaluate.read_sentences(path) for path in paths)
+  system, baseline = (evaluate.read_sentences(path, "translation") for path in paths)
   if not len(system) == len(baseline) == len(references):
     return None  # translations of another version of the split
   return {
