@@ -10,7 +10,6 @@ import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from absl import app
 from absl import flags
 from absl import logging
 import ml_collections
@@ -288,13 +287,18 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
   """The body of a program's absl `main`: `start`, then `work()`, whose result it returns.
 
   Raises:
-    app.UsageError: on positional arguments.
+    SystemExit: "error: unexpected argument ..." (status 1) on positional arguments, with a
+      hint at --config= for a config file's path.
     SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback
       (the message's first line, without a tensorstore spec: `checkpoints.short_cause`);
       "interrupted[: <message>]" (status 130) on KeyboardInterrupt.
   """
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
+    extra = argv[1:]
+    hint = (f" (did you mean --config={extra[0]}?)"
+            if extra[0].split(":")[0].endswith(".py") else " (flags are written --name=value)")
+    sys.exit(f"error: unexpected argument{'s' if len(extra) > 1 else ''} "
+             f"{' '.join(map(repr, extra))}{hint}.")
   try:
     start(multihost)
     return work()

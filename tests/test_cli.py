@@ -9,7 +9,6 @@ import sys
 import types
 
 import pytest
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -43,7 +42,10 @@ MISTAKES = [
      "variant of your own? Pass its module with --import first."),
     ("malformed k", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--table=k_sweep",
-      "--rows=k=x"], "error: ablation row 'k=x': k must be a non-negative integer, e.g. 'k=4'."),
+      "--rows=k=x"], "error: row 'k=x': k must be a non-negative integer, e.g. 'k=4'."),
+    ("empty rows", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows="],
+     "error: --rows is empty: name at least one row, or leave the flag out for all of the "
+     "table's rows."),
     ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
                       "--seeds=0"], "error: no seeds to run: --seeds must be at least 1."),
     ("config.json not JSON", {"run/config.json": '{"task": '
@@ -250,8 +252,14 @@ def test_programs_exit_with_the_error_not_a_traceback(tmp_path):
 
 def test_run_returns_the_result_and_rejects_positional_arguments(parsed_flags):
   assert cli.run(["prog"], lambda: 7) == 7
-  with pytest.raises(app.UsageError, match="unexpected arguments"):
-    cli.run(["prog", "extra"], lambda: 7)
+  with pytest.raises(SystemExit) as raised:
+    cli.run(["prog", "configs/tiny.py"], lambda: 7)  # --config= forgotten
+  assert str(raised.value) == ("error: unexpected argument 'configs/tiny.py' (did you mean "
+                               "--config=configs/tiny.py?).")
+  with pytest.raises(SystemExit) as raised:
+    cli.run(["prog", "extra", "more"], lambda: 7)
+  assert str(raised.value) == ("error: unexpected arguments 'extra' 'more' (flags are written "
+                               "--name=value).")
 
 
 def test_run_turns_the_listed_errors_into_one_line(parsed_flags):

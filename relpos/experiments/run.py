@@ -124,6 +124,9 @@ def main(argv: Sequence[str]) -> None:
     return
   if not _OUTPUT_DIR.value:
     sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")
+  if _ROWS.present and not _ROWS.value:  # `--rows=$ROWS` with ROWS unset
+    sys.exit("error: --rows is empty: name at least one row, or leave the flag out for all of "
+             "the table's rows.")
 
   if _STATUS.value:
 

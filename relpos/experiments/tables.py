@@ -149,7 +149,7 @@ def row_overrides(row: str) -> dict[str, object]:
   if row.startswith(K_PREFIX):
     k = row[len(K_PREFIX):]
     if not k.isdigit():
-      raise ValueError(f"ablation row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
+      raise ValueError(f"row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
     return {**ROWS["rel_kv"], "max_relative_position": int(k)}
   raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *own_variants))} "
                    f"or k=<int> (the paper's grid: {', '.join(map(str, K_GRID))}); a variant of "
