@@ -7,6 +7,7 @@ saves a checkpoint and exits with status 0. On several hosts pass --multihost
 (see relpos.distributed.initialize).
 """
 import json
+import sys
 
 from absl import app
 from absl import flags
@@ -22,9 +23,11 @@ _MULTIHOST = cli.define_multihost_flag()
 
 
 def main(argv: list[str]) -> None:
-  result = cli.run(argv, lambda: train.train_and_evaluate(_CONFIG.value, _WORKDIR.value),
-                   multihost=_MULTIHOST.value)
-  print(json.dumps(result))
+  def work() -> dict:
+    cli.check_model_overrides(sys.argv, _CONFIG.value)
+    return train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+  print(json.dumps(cli.run(argv, work, multihost=_MULTIHOST.value)))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from relpos import checkpoints
 from relpos import distributed
 from relpos import fields
 from relpos import locks
+from relpos import model_config
 from relpos import prng
 from relpos import priority
 from relpos import source_tree
@@ -240,6 +241,23 @@ def define_overrides_flag(config: ml_collections.ConfigDict, help_text: str) -> 
   `define_config_flag`."""
   with _mistakes_as_one_line(sys.argv):
     return config_flags.DEFINE_config_dict("config", config, help_text, lock_config=True)
+
+
+def check_model_overrides(argv: Sequence[str], config: ml_collections.ConfigDict) -> None:
+  """Refuses a `--config.model.<field>` of the command line that the run's position variant
+  does not have (`model_config.check_fields_used`): it would change nothing.
+
+  Raises:
+    ValueError: naming the flag, the variant that has the field and the run's.
+  """
+  given = [
+      arg[len("--config.model."):].split("=")[0]
+      for arg in argv
+      if arg.startswith("--config.model.")
+  ]
+  model_config.check_fields_used(
+      {name: config.model[name] for name in given if name in config.model}, [config.model.position],
+      "--config.model.")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

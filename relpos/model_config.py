@@ -6,7 +6,7 @@ builds it from `config.model`, checking every field. The rules cuDNN's fused att
 model are checked here, at the config's edge (`check_cudnn`), in the words of its fields.
 """
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -144,6 +144,32 @@ FIELDS: dict[str, fields.Field] = {
     for f in dataclasses.fields(TransformerConfig)
     if "field" in f.metadata
 }
+
+
+def check_fields_used(overrides: Mapping[str, Any], positions: Sequence[str], flag: str) -> None:
+  """Refuses an override of a variant's field that none of the `positions` run has: it would
+  change nothing (`TransformerConfig.from_config` leaves the fields of other variants out),
+  e.g. `--config.model.max_relative_position=8` with `model.position=rope`.
+
+  Args:
+    overrides: `model.*` field name -> the value given.
+    positions: the position variants the override applies to (a run's, or a table's rows').
+    flag: how the override was written, before the field's name ("--config.model.").
+
+  Raises:
+    ValueError: naming the override, the variants that have the field and those run.
+  """
+  declared = variant_fields()
+  runs = [variants.get(p) for p in dict.fromkeys(positions) if p in variants.names()]
+  for name, value in overrides.items():
+    if name not in declared or any(name in variant.fields for variant in runs):
+      continue
+    owners = ", ".join(repr(v) for v in variants.names() if name in variants.get(v).fields)
+    used = ", ".join(f"{v.name!r} ({'fields: ' + ', '.join(v.fields) if v.fields else 'no fields'})"
+                     for v in runs)
+    run = "model.position=" if len(runs) == 1 else "the rows' variants "
+    raise ValueError(f"{flag}{name}={value!r}: a field of position variant {owners}, not of "
+                     f"{run}{used}: it would change nothing.")
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -28,6 +28,11 @@ MISTAKES = [
     ("misspelled override, experiments", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=trian.num_steps=1"
      ], "error: override 'trian.num_steps': no config field 'trian'. Did you mean 'train'?"),
+    ("a field of another variant", {}, [
+        "train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
+        "--config.model.position=rope", "--config.model.max_relative_position=8"
+    ], "error: --config.model.max_relative_position=8: a field of position variant 'relative', "
+     "not of model.position='rope' (fields: rope_base): it would change nothing."),
     ("missing config file", {}, ["train.py", "--workdir={tmp}/run", "--config=configs/nosuch.py"],
      "error: --config: configs/nosuch.py: No such file or directory."),
     ("unknown ablation row", {},

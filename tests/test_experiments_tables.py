@@ -96,6 +96,15 @@ def test_an_override_may_not_set_a_field_the_rows_set_apart():
     tables.check_overrides(rows, overrides)
 
 
+def test_an_override_of_a_field_no_row_has_is_refused():
+  with pytest.raises(ValueError) as raised:
+    tables.check_overrides(("abs", "rope"), {"model.max_relative_position": 8})
+  assert str(raised.value) == (
+      "--set model.max_relative_position=8: a field of position variant 'relative', not of the "
+      "rows' variants 'absolute' (fields: absolute_type), 'rope' (fields: rope_base): it would "
+      "change nothing.")
+
+
 def test_parse_override():
   assert tables.parse_override("train.num_steps=100") == ("train.num_steps", 100)
   assert tables.parse_override("task.name=multi30k") == ("task.name", "multi30k")

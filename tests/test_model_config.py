@@ -92,3 +92,21 @@ def test_config_written_before_the_mixed_precision_fields_still_loads():
   del model_cfg["dtype"], model_cfg["attention_implementation"]
   config = model_config.TransformerConfig.from_config(model_cfg, VOCAB)
   assert (config.dtype, config.attention_implementation) == ("float32", "auto")
+
+
+def test_an_override_of_a_field_the_run_lacks_is_refused_naming_both_variants():
+  with pytest.raises(ValueError) as raised:
+    model_config.check_fields_used({"max_relative_position": 8}, ["rope"], "--config.model.")
+  assert str(raised.value) == (
+      "--config.model.max_relative_position=8: a field of position variant 'relative', not of "
+      "model.position='rope' (fields: rope_base): it would change nothing.")
+  with pytest.raises(
+      ValueError, match="of position variant 'absolute', 'relative', 'shape', "
+      r"'randomized', not of model.position='none' \(no fields\)"):
+    model_config.check_fields_used({"absolute_type": "learned"}, ["none"], "--config.model.")
+  for overrides, positions in (
+      ({"max_relative_position": 8}, ["relative"]),
+      ({"absolute_type": "learned"}, ["relative"]),  # add_absolute's
+      ({"num_heads": 2, "dtype": "float32"}, ["rope"]),  # architecture
+      ({"rope_base": 1e4}, ["absolute", "rope"])):  # one row has it
+    model_config.check_fields_used(overrides, positions, "--config.model.")

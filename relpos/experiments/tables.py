@@ -14,6 +14,7 @@ from typing import Any
 
 import ml_collections
 
+from relpos import model_config
 from relpos import run_config
 from relpos import source_tree
 from relpos import variants
@@ -197,9 +198,15 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   on the k sweep trains k=0 and k=256 alike). A field the rows set alike, or only one of them
   sets, may be overridden (`--rows=rel_kv_concat --set=task.concat_probability=0.25`).
 
+  An override of a position variant's field that no row's variant has is refused too
+  (`model_config.check_fields_used`).
+
   Raises:
     ValueError: naming the override and two rows that set the field apart.
   """
+  model_config.check_fields_used(
+      {k.removeprefix("model."): v for k, v in (overrides or {}).items() if k.startswith("model.")},
+      [row_overrides(row)["position"] for row in rows], "--set model.")
   for field, value in (overrides or {}).items():
     setting = [(row, row_fields(row)[field]) for row in rows if field in row_fields(row)]
     apart = [(row, v) for row, v in setting if v != setting[0][1]]
