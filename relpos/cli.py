@@ -313,8 +313,9 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
   """
   if len(argv) > 1:
     extra = argv[1:]
-    hint = (f" (did you mean --config={extra[0]}?)"
-            if extra[0].split(":")[0].endswith(".py") else " (flags are written --name=value)")
+    takes_file = "config" in flags.FLAGS and hasattr(flags.FLAGS["config"], "config_filename")
+    hint = (f" (did you mean --config={extra[0]}?)" if takes_file and
+            extra[0].split(":")[0].endswith(".py") else " (flags are written --name=value)")
     sys.exit(f"error: unexpected argument{'s' if len(extra) > 1 else ''} "
              f"{' '.join(map(repr, extra))}{hint}.")
   try:

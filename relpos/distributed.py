@@ -65,5 +65,6 @@ def initialize(multihost: str) -> None:
       jax.distributed.initialize(address, num_processes=count, process_id=process)
   except (ValueError, RuntimeError) as e:  # RuntimeError: jax.errors.JaxRuntimeError
     cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    where = " (no TPU, SLURM, Open MPI or Kubernetes cluster found)" if coordinator is None else ""
+    where = (" (no TPU, SLURM, Open MPI or Kubernetes cluster found)"
+             if coordinator is None and "coordinator_address" in cause else "")
     raise ValueError(f"--multihost={multihost!r}{where}: {cause}") from None

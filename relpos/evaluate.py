@@ -296,8 +296,8 @@ def _file_sentences(input_file: str,
   """(sources, references or None) of an input file and its optional reference file.
 
   Raises:
-    ValueError: a file that is empty or holds blank lines only, or references that do not
-      pair with the sources line by line.
+    ValueError: a file that is empty, a source file of blank lines only, or references that do
+      not pair with the sources line by line.
   """
   sources = read_sentences(input_file)
   if not any(line.strip() for line in sources):

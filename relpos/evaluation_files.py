@@ -8,7 +8,6 @@ output folder, or a free variant of it when that folder holds another evaluation
 (`output_stem`): an output is replaced only by the same evaluation run again.
 """
 
-import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,19 +20,18 @@ from relpos import run_config
 
 
 def check_writable(output_dir: str) -> None:
-  """Checks that a file can be written in `output_dir`, before any work; the folders it creates
-  for that are removed again (a failed evaluation leaves no empty eval/ behind).
+  """Checks that a file can be written in `output_dir`, before any work, creating nothing: a
+  missing folder is probed in its nearest existing ancestor (a refused evaluation leaves no
+  empty eval/ behind; `write_evaluation` creates the folder).
 
   Raises:
     OSError: naming the folder, the reason and what to do.
   """
-  created, folder = [], os.path.abspath(output_dir)
-  while not os.path.exists(folder):
-    created.append(folder)
+  folder = os.path.abspath(output_dir)
+  while not os.path.lexists(folder):
     folder = os.path.dirname(folder)
-  probe = os.path.join(output_dir, f".write_test.{os.getpid()}")
+  probe = os.path.join(folder, f".write_test.{os.getpid()}")
   try:
-    os.makedirs(output_dir, exist_ok=True)
     with open(probe, "w", encoding="utf-8"):
       pass
     os.remove(probe)
@@ -41,10 +39,6 @@ def check_writable(output_dir: str) -> None:
     reason = e.strerror or type(e).__name__
     raise OSError(f"eval output folder {output_dir} cannot be written ({reason}): pass another "
                   "--output_dir.") from None
-  finally:
-    for folder in created:  # innermost first
-      with contextlib.suppress(OSError):
-        os.rmdir(folder)
 
 
 def output_name(what: str, checkpoint: str | int, step: int, beam_size: int, alpha: float) -> str:

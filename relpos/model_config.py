@@ -159,8 +159,10 @@ def check_fields_used(overrides: Mapping[str, Any], positions: Sequence[str], fl
   Raises:
     ValueError: naming the override, the variants that have the field and those run.
   """
+  if any(p not in variants.names() for p in positions):
+    return  # validation names the unknown variant (and --import)
   declared = variant_fields()
-  runs = [variants.get(p) for p in dict.fromkeys(positions) if p in variants.names()]
+  runs = [variants.get(p) for p in dict.fromkeys(positions)]
   for name, value in overrides.items():
     if name not in declared or any(name in variant.fields for variant in runs):
       continue

@@ -62,5 +62,16 @@ def test_joining_that_fails_is_one_line_after_the_flag(monkeypatch):
                                "cluster found): coordinator_address should be defined.")
 
 
+def test_a_coordinator_out_of_reach_is_not_called_a_missing_cluster(monkeypatch):
+  def out_of_reach(*args, **kwargs):
+    raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
+
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", out_of_reach)
+  monkeypatch.setattr(distributed.line_filter, "LineFilter", lambda *args: None)
+  with pytest.raises(ValueError) as raised:
+    distributed.initialize("auto")
+  assert str(raised.value) == "--multihost='auto': DEADLINE_EXCEEDED: Barrier timed out"
+
+
 def _must_not_join(*args, **kwargs):
   raise AssertionError("joined before the flag was checked")

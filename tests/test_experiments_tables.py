@@ -100,9 +100,16 @@ def test_an_override_of_a_field_no_row_has_is_refused():
   with pytest.raises(ValueError) as raised:
     tables.check_overrides(("abs", "rope"), {"model.max_relative_position": 8})
   assert str(raised.value) == (
-      "--set model.max_relative_position=8: a field of position variant 'relative', not of the "
+      "override model.max_relative_position=8: a field of position variant 'relative', not of the "
       "rows' variants 'absolute' (fields: absolute_type), 'rope' (fields: rope_base): it would "
       "change nothing.")
+
+
+def test_a_variant_field_is_checked_against_the_position_the_rows_will_have():
+  # The rows set model.position alike, so it may be overridden, and its fields with it.
+  tables.check_overrides(("rel_kv", "rel_k"), {"model.position": "rope", "model.rope_base": 5e4})
+  # An unknown variant is left for validation to name (with --import).
+  tables.check_overrides(("rel_kv",), {"model.position": "kerple", "model.rope_base": 5e4})
 
 
 def test_parse_override():

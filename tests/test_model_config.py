@@ -104,6 +104,7 @@ def test_an_override_of_a_field_the_run_lacks_is_refused_naming_both_variants():
       ValueError, match="of position variant 'absolute', 'relative', 'shape', "
       r"'randomized', not of model.position='none' \(no fields\)"):
     model_config.check_fields_used({"absolute_type": "learned"}, ["none"], "--config.model.")
+  model_config.check_fields_used({"rope_base": 1e4}, ["kerple"], "")  # validation names it
   for overrides, positions in (
       ({"max_relative_position": 8}, ["relative"]),
       ({"absolute_type": "learned"}, ["relative"]),  # add_absolute's

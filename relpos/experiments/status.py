@@ -196,8 +196,8 @@ def _time_left(statuses: Sequence[RunStatus], took: Sequence[float]) -> str:
   median = statistics.median(took)
   trained = lambda s: min(s.step / s.num_steps, 1.0) if s.step and s.num_steps else 0.0
   need = sum(median * (1.0 - trained(s)) for s in left)
-  runs = f"{len(left)} runs" if len(left) > 1 else "run"
-  return (f" The {runs} not finished need about {duration(need)} more (the finished runs' median, "
+  runs = f"{len(left)} runs not finished need" if len(left) > 1 else "run not finished needs"
+  return (f" The {runs} about {duration(need)} more (the finished runs' median, "
           f"{duration(median)} a run, less the steps each has trained).")
 
 

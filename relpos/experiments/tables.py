@@ -204,9 +204,11 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   Raises:
     ValueError: naming the override and two rows that set the field apart.
   """
+  overrides = overrides or {}
   model_config.check_fields_used(
-      {k.removeprefix("model."): v for k, v in (overrides or {}).items() if k.startswith("model.")},
-      [row_overrides(row)["position"] for row in rows], "--set model.")
+      {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")},
+      [overrides.get("model.position",
+                     row_overrides(row)["position"]) for row in rows], "override model.")
   for field, value in (overrides or {}).items():
     setting = [(row, row_fields(row)[field]) for row in rows if field in row_fields(row)]
     apart = [(row, v) for row, v in setting if v != setting[0][1]]
