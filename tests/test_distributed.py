@@ -50,27 +50,25 @@ def test_the_coordinator_is_passed_as_given_an_ipv6_host_too(monkeypatch):
   assert joined == [(("[::1]:1234",), {"num_processes": 2, "process_id": 1})]
 
 
-def test_joining_that_fails_is_one_line_after_the_flag(monkeypatch):
-  def no_cluster(*args, **kwargs):
-    raise ValueError("coordinator_address should be defined.\nmore detail")
+@pytest.mark.parametrize(
+    "failure,line",
+    [
+        (ValueError("coordinator_address should be defined.\nmore detail"),
+         "--multihost='auto' (no TPU, SLURM, Open MPI or Kubernetes cluster found): "
+         "coordinator_address should be defined."),
+        # a coordinator out of reach is not called a missing cluster
+        (RuntimeError("DEADLINE_EXCEEDED: Barrier timed out"),
+         "--multihost='auto': DEADLINE_EXCEEDED: Barrier timed out"),
+    ])
+def test_joining_that_fails_is_one_line_after_the_flag(monkeypatch, failure, line):
+  def fail(*args, **kwargs):
+    raise failure
 
-  monkeypatch.setattr(distributed.jax.distributed, "initialize", no_cluster)
+  monkeypatch.setattr(distributed.jax.distributed, "initialize", fail)
   monkeypatch.setattr(distributed.line_filter, "LineFilter", lambda *args: None)
   with pytest.raises(ValueError) as raised:
     distributed.initialize("auto")
-  assert str(raised.value) == ("--multihost='auto' (no TPU, SLURM, Open MPI or Kubernetes "
-                               "cluster found): coordinator_address should be defined.")
-
-
-def test_a_coordinator_out_of_reach_is_not_called_a_missing_cluster(monkeypatch):
-  def out_of_reach(*args, **kwargs):
-    raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
-
-  monkeypatch.setattr(distributed.jax.distributed, "initialize", out_of_reach)
-  monkeypatch.setattr(distributed.line_filter, "LineFilter", lambda *args: None)
-  with pytest.raises(ValueError) as raised:
-    distributed.initialize("auto")
-  assert str(raised.value) == "--multihost='auto': DEADLINE_EXCEEDED: Barrier timed out"
+  assert str(raised.value) == line
 
 
 def _must_not_join(*args, **kwargs):
