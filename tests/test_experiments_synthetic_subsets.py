@@ -17,25 +17,25 @@ from relpos.experiments import synthetic_subsets
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _evaluated_run(tmp_path, translate) -> str:
+def _evaluated_run(tmp_path, translate, step: int = 12) -> str:
   """A workdir of the tiny synthetic config whose eval/ holds `translate(split, targets)` of test
-  and test_long, each with the JSON eval.py writes beside it."""
+  and test_long at `step`, each with the JSON eval.py writes beside it."""
   workdir = str(tmp_path / "run")
-  os.makedirs(os.path.join(workdir, "eval"))
+  os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
   config = run_config.validate(tiny.get_config())
   run_config.write_to(config, workdir)
   splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
   for split in synthetic_subsets.SPLITS:
     targets = [t for _, t in splits[split]]
     hypotheses = translate(split, targets)
-    stem = os.path.join(workdir, "eval", f"{split}.best.step12.beam2.alpha0.6")
+    stem = os.path.join(workdir, "eval", f"{split}.best.step{step}.beam2.alpha0.6")
     with open(stem + ".txt", "w", encoding="utf-8") as f:
       f.write("\n".join(hypotheses) + "\n")
     recorded = scoring.score(hypotheses, targets, language="de")
     with open(stem + ".json", "w", encoding="utf-8") as f:
       json.dump(
           {
-              "split": split, "checkpoint": "best", "beam_size": 2, "alpha": 0.6,
+              "split": split, "checkpoint": "best", "step": step, "beam_size": 2, "alpha": 0.6,
               "num_sentences": len(targets), "translations_file": "elsewhere.txt", **recorded
           }, f)
   return workdir
@@ -91,3 +91,16 @@ def test_a_run_without_its_evaluation_or_of_another_task_is_one_line(tmp_path):
   run_config.write_to(run_config.validate(config), workdir)
   with pytest.raises(ValueError, match=re.escape(f"{workdir} is a run of task 'multi30k'")):
     synthetic_subsets.run_subsets(workdir)
+
+
+def test_of_several_evaluations_of_a_checkpoint_the_newest_is_scored(tmp_path, caplog):
+  """eval.py --checkpoint=best at step 12 (name sorts first), then the final evaluation of the
+  best checkpoint, step 8: the final one's translations are scored, the older named."""
+  _evaluated_run(tmp_path, lambda split, targets: ["x"] * len(targets), step=12)
+  workdir = _evaluated_run(tmp_path, lambda split, targets: targets, step=8)
+  older = os.path.join(workdir, "eval", "test.best.step12.beam2.alpha0.6.json")
+  os.utime(older, (1, 1))
+  os.utime(older.replace("test.", "test_long.", 1), (1, 1))
+  scored = synthetic_subsets.run_subsets(workdir)
+  assert scored["test"][0].bleu == pytest.approx(100.0)
+  assert f"older: {older} (step 12)" in caplog.text

@@ -24,6 +24,7 @@ import os
 from collections.abc import Sequence
 
 from absl import app
+from absl import logging
 from absl import flags
 
 from relpos import cli
@@ -55,22 +56,33 @@ class Subset:
 
 def evaluation(workdir: str, split: str, checkpoint: str, decode: dict) -> tuple[dict, list[str]]:
   """The evaluation JSON of `split` at `checkpoint` with the run's beam settings in
-  `workdir/eval/`, and its translations [sentences].
+  `workdir/eval/`, and its translations [sentences]. Of several (an eval.py of "best" while the
+  run trained, then the table's final evaluation), the one written last: that of the
+  checkpoint's final step; a warning names the others.
 
   Raises:
     FileNotFoundError: none, naming the eval.py command that makes it.
   """
   eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
-  for path in sorted(glob.glob(os.path.join(eval_dir, f"{split}.*.json"))):
+  found = []
+  for path in glob.glob(os.path.join(eval_dir, f"{split}.*.json")):
     result = json_files.read_json(path)
     if (result.get("split"), str(result.get("checkpoint")), result.get("beam_size"),
         result.get("alpha")) == (split, checkpoint, decode["beam_size"], decode["alpha"]):
-      with open(path[:-len(".json")] + ".txt", encoding="utf-8") as f:  # written beside it
-        return result, f.read().split("\n")[:result["num_sentences"]]
-  raise FileNotFoundError(
-      f"{eval_dir} holds no evaluation of {split} at checkpoint {checkpoint} with beam "
-      f"{decode['beam_size']}, alpha {decode['alpha']}: run python eval.py --workdir={workdir} "
-      f"--split={split} --checkpoint={checkpoint}.")
+      found.append((os.path.getmtime(path), path, result))
+  if not found:
+    raise FileNotFoundError(
+        f"{eval_dir} holds no evaluation of {split} at checkpoint {checkpoint} with beam "
+        f"{decode['beam_size']}, alpha {decode['alpha']}: run python eval.py --workdir={workdir} "
+        f"--split={split} --checkpoint={checkpoint}.")
+  *older, (_, path, result) = sorted(found)
+  if older:
+    logging.warning(
+        "Scoring %s (step %s), the newest evaluation of %s at checkpoint %s; older: %s.", path,
+        result.get("step"), split, checkpoint,
+        ", ".join(f"{p} (step {r.get('step')})" for _, p, r in older))
+  with open(path[:-len(".json")] + ".txt", encoding="utf-8") as f:  # written beside it
+    return result, f.read().split("\n")[:result["num_sentences"]]
 
 
 def run_subsets(workdir: str, checkpoint: str | None = None) -> dict[str, list[Subset]]:
