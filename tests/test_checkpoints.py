@@ -9,7 +9,9 @@ import shutil
 import subprocess
 import sys
 
+import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -261,3 +263,16 @@ def test_a_run_saved_by_an_earlier_commit_restores_computes_and_resumes_as_it_di
   assert resumed == pytest.approx(expected["train_loss"], rel=1e-4)
   # The resume is the one recorded start, at the saved step.
   assert [s["step"] for s in metrics_writer.read_starts(workdir)] == [saved_run.RESTORED_STEP]
+
+
+def test_best_is_the_newest_of_equal_validations(tmp_path):
+  """What --checkpoint=best restores and keeps when two validations tie: the newer (Orbax sorts
+  by metric, keeping step order, and takes the last), as `--status` names it too."""
+  manager = checkpoints.make_manager(str(tmp_path))
+  iterator = iter(grain.MapDataset.range(4).to_iter_dataset())
+  for step, bleu in ((2, 43.0), (4, 41.5), (6, 43.0)):
+    state = {"step": jnp.int32(step), "params": {"w": jnp.zeros(2)}}
+    checkpoints.save(manager, state, iterator, metrics={"bleu": bleu, "loss": 1.0})
+  checkpoints.wait(manager)
+  assert (checkpoints.resolve_step(manager, "best"), manager.all_steps()) == (6, [6])
+  manager.close()

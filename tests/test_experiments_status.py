@@ -84,7 +84,7 @@ def test_each_run_is_finished_stopped_running_or_not_started(table):
                                                      steps_per_second=0.5, wall_time_s=7200.0)
   stopped = status.run_status(rel_kv0)
   assert (stopped.state, stopped.step, stopped.checkpoint, stopped.validation,
-          stopped.test) == ("stopped", 6, 6, (2, 43.0), None)  # the best, the first of a tie
+          stopped.test) == ("stopped", 6, 6, (6, 43.0), None)  # the best, the newest of a tie
   assert (running.state, running.step, running.checkpoint, running.validation) == ("running", 4, 2,
                                                                                    None)
   assert status.run_status(abs1) == status.RunStatus(abs1.name, "not started")

@@ -87,8 +87,9 @@ def run_status(run: runner.Run) -> RunStatus:
                if os.path.exists(config_path) else None)
   metrics_path = os.path.join(run.workdir, workdir_files.METRICS_FILE)
   updated = os.path.getmtime(metrics_path) if os.path.exists(metrics_path) else None
-  # The first of the highest (max keeps the first), as the recorder judges early stopping.
-  best = max(validations, key=lambda validation: validation[1], default=None)
+  # The newest of the highest: the checkpoint --checkpoint=best restores (Orbax ranks equal
+  # metrics by step and takes the last), and the one kept while others are deleted.
+  best = max(validations, key=lambda validation: (validation[1], validation[0]), default=None)
   test, wall_time_s, restored = None, None, False
   if os.path.exists(run.result):
     state, result = "finished", results.read_result(run.result)
