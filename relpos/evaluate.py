@@ -36,6 +36,7 @@ from relpos import checkpoints
 from relpos import decode
 from relpos import device_mesh
 from relpos import evaluation_files
+from relpos import metrics_writer
 from relpos import run_config
 from relpos import scoring
 from relpos import workdir_files
@@ -360,6 +361,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     raise ValueError(f"checkpoint={checkpoint!r}: must be 'latest', 'best', a step number or "
                      f"'average:<N>' with N >= 2.")
   task = pipeline.get_task(config.task)
+  metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
   if split is not None and split not in task.splits:
     raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "
                      f"allowed: {', '.join(task.splits)}.")

@@ -138,11 +138,12 @@ def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) ->
   }
 
 
-def record_start(workdir: str, step: int, commit: str,
-                 variant_code: dict[str, Any] | None = None) -> None:
+def record_start(workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None,
+                 *, tokenizer_sha256: str | None = None) -> None:
   """Appends a start of the run (UTC time, the step it starts from, the source commit, the
-  host and its usable CPU cores, and the code of a position variant of the user's own:
-  `user_modules.variant_code`) to `workdir/starts.jsonl` (process 0)."""
+  host and its usable CPU cores, the code of a position variant of the user's own:
+  `user_modules.variant_code`, and the SHA-256 of the tokenizer it trains with) to
+  `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
@@ -151,6 +152,8 @@ def record_start(workdir: str, step: int, commit: str,
   }
   if variant_code is not None:
     record["variant_code"] = variant_code
+  if tokenizer_sha256 is not None:
+    record["tokenizer_sha256"] = tokenizer_sha256
   with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n")
 
@@ -162,6 +165,24 @@ def read_starts(workdir: str) -> list[dict[str, Any]]:
     return []
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def check_tokenizer(workdir: str, tokenizer_sha256: str, tokenizer_path: str) -> None:
+  """Refuses a tokenizer other than the one the run's last start recorded (starts.jsonl): its
+  checkpoints were trained on that tokenizer's ids, and another one (a data folder on another
+  machine, a tokenizer trained again) would feed and decode other ids without an error. A run
+  started before tokenizers were recorded is not checked.
+
+  Raises:
+    ValueError: naming the tokenizer file, both hashes and what to do.
+  """
+  recorded = [s["tokenizer_sha256"] for s in read_starts(workdir) if "tokenizer_sha256" in s]
+  if recorded and recorded[-1] != tokenizer_sha256:
+    raise ValueError(
+        f"the tokenizer {tokenizer_path} (sha256 {tokenizer_sha256[:12]}) is not the one the "
+        f"checkpoints in {workdir} were trained with (sha256 {recorded[-1][:12]}, {STARTS_FILE}):"
+        f" its ids mean other pieces. Point task.tfds_data_dir (or $RELPOS_DATA_DIR) at the data "
+        f"folder the run was trained with, or train in a new --workdir.")
 
 
 class MetricsWriter:

@@ -120,7 +120,8 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
     if len(restored) == 1:
       for workdir, one in zip(workdirs, opened):
         metrics_writer.record_start(workdir, int(one.state["step"]), source_tree.commit(),
-                                    user_modules.variant_code(configs[0].model.position))
+                                    user_modules.variant_code(configs[0].model.position),
+                                    tokenizer_sha256=one.task.tokenizer.sha256())
       return _stacked_loop(configs, workdirs, steps, opened, started)
   logging.warning("The seeds resume from different steps (%s): each trains alone, not stacked.",
                   ", ".join(f"{w}: {int(o.state['step'])}" for w, o in zip(workdirs, opened)))

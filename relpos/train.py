@@ -89,7 +89,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
   with open_workdir(config, workdir, steps) as opened:
     _warn_of_edited_variant(workdir, config.model.position)
     metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit(),
-                                user_modules.variant_code(config.model.position))
+                                user_modules.variant_code(config.model.position),
+                                tokenizer_sha256=opened.task.tokenizer.sha256())
     return _train_loop(config, workdir, steps, opened, started)
 
 
@@ -131,6 +132,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
       task = pipeline.get_task(config.task)
+      metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())

@@ -6,8 +6,8 @@ A workdir holds:
   imports.json          the modules the run imported with --import (their variants), if any
   train.lock            held by the training process (relpos.locks)
   metrics.jsonl         train and validation records; tensorboard/ the same as events
-  starts.jsonl          one line per start of the run: time, step, source commit, host (and
-                        the sha256 of a user's position variant's file)
+  starts.jsonl          one line per start of the run: time, step, source commit, host, the
+                        sha256 of its tokenizer (and of a user's position variant's file)
   checkpoints/<step>/   Orbax checkpoints (relpos.checkpoints); damaged_checkpoints/ the ones
                         training set aside
   eval/                 translations and scores: eval.py's, and a table's final evaluation's

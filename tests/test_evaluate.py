@@ -20,6 +20,7 @@ from relpos import decode
 from relpos import device_mesh
 from relpos import evaluate
 from relpos import json_files
+from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -162,6 +163,20 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
     evaluate.evaluate_checkpoint(missing, split="validation")
   with pytest.raises(FileNotFoundError, match="config.json does not exist"):
     evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
+
+
+def test_a_run_evaluated_with_another_tokenizer_is_refused_before_restoring(run, tmp_path):
+  config, workdir, _ = run
+  recorded = metrics_writer.read_starts(workdir)[-1]["tokenizer_sha256"]
+  assert recorded == pipeline.get_task(config.task).tokenizer.sha256()  # the run's own
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  metrics_writer.record_start(copy, 300, "abc1234", tokenizer_sha256="0" * 64)  # trained on another
+  with pytest.raises(
+      ValueError, match=f"is not the one the checkpoints in {copy} were trained "
+      rf"with \(sha256 000000000000, starts.jsonl\)"):
+    evaluate.evaluate_checkpoint(copy, split="test")
+  assert not os.path.exists(os.path.join(copy, "eval"))
 
 
 def test_workdir_without_checkpoint(run, tmp_path):

@@ -46,6 +46,23 @@ def test_starts_are_appended_in_order(tmp_path):
   assert metrics_writer.read_starts(str(tmp_path / "nowhere")) == []
 
 
+def test_a_tokenizer_other_than_the_recorded_one_is_refused(tmp_path):
+  workdir = str(tmp_path)
+  metrics_writer.check_tokenizer(workdir, "a" * 64, "t.model")  # no start yet
+  metrics_writer.record_start(workdir, 0, "abc1234")  # started before tokenizers were recorded
+  metrics_writer.check_tokenizer(workdir, "a" * 64, "t.model")
+  metrics_writer.record_start(workdir, 100, "abc1234", tokenizer_sha256="a" * 64)
+  assert metrics_writer.read_starts(workdir)[-1]["tokenizer_sha256"] == "a" * 64
+  metrics_writer.check_tokenizer(workdir, "a" * 64, "t.model")
+  with pytest.raises(ValueError) as raised:
+    metrics_writer.check_tokenizer(workdir, "b" * 64, "/data/t.model")
+  assert str(raised.value) == (
+      f"the tokenizer /data/t.model (sha256 bbbbbbbbbbbb) is not the one the checkpoints in "
+      f"{workdir} were trained with (sha256 aaaaaaaaaaaa, starts.jsonl): its ids mean other "
+      f"pieces. Point task.tfds_data_dir (or $RELPOS_DATA_DIR) at the data folder the run was "
+      f"trained with, or train in a new --workdir.")
+
+
 def test_starts_record_the_usable_cores_and_train_records_the_load(tmp_path):
   metrics_writer.record_start(str(tmp_path), 0, "abc1234")
   assert metrics_writer.read_starts(str(tmp_path))[0]["cpus"] == metrics_writer.usable_cpus() >= 1

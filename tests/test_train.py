@@ -15,6 +15,7 @@ from relpos import run_config
 from relpos import evaluate
 from relpos import metrics_writer
 from relpos import train
+from relpos.data import pipeline
 
 NUM_STEPS = 12
 
@@ -94,6 +95,23 @@ def test_resuming_past_the_budget_stops_naming_the_step(trained, tmp_path):
           f"train.num_steps >= {NUM_STEPS}, or train in a new --workdir.")):
     train.train_and_evaluate(shorter, copy)
   assert open(os.path.join(copy, "config.json")).read() == config_json
+
+
+def test_resuming_with_another_tokenizer_stops_before_restoring(trained, tmp_path):
+  """Each start records its tokenizer's SHA-256; a resume on another one (another data folder)
+  is refused, the workdir unchanged."""
+  config, workdir, _ = trained
+  starts = metrics_writer.read_starts(workdir)
+  assert {s["tokenizer_sha256"] for s in starts
+         } == {pipeline.get_task(config.task).tokenizer.sha256()}
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  metrics_writer.record_start(copy, NUM_STEPS, "abc1234", tokenizer_sha256="0" * 64)
+  before = sorted(os.listdir(copy))
+  longer = tiny_config(config.task.tfds_data_dir, num_steps=NUM_STEPS + 4)
+  with pytest.raises(ValueError, match="is not the one the checkpoints in .* were trained with"):
+    train.train_and_evaluate(longer, copy)
+  assert sorted(os.listdir(copy)) == before and len(metrics_writer.read_starts(copy)) == 2
 
 
 def test_invalid_config_stops_before_any_work(data_dir, tmp_path):

@@ -6,6 +6,7 @@ as UNK_ID. SentencePiece may find fewer pieces than `vocab_size` asks for (225 o
 synthetic task): `Tokenizer.vocab_size` is the real count, the ids a decoder may emit.
 """
 
+import hashlib
 import io
 import os
 import random
@@ -35,6 +36,10 @@ class Tokenizer:
   def model_proto(self) -> bytes:
     """The serialized SentencePiece model."""
     return self._processor.serialized_model_proto()
+
+  def sha256(self) -> str:
+    """The hex SHA-256 of `model_proto`: which tokenizer a run's ids belong to."""
+    return hashlib.sha256(self.model_proto()).hexdigest()
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, ending with EOS_ID."""
