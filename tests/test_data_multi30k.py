@@ -98,6 +98,9 @@ def test_builder_from_folder(raw_dir, tmp_path):
   targets = multi30k.read_lines(str(raw_dir / "val.de.gz"))
   assert sorted(zip(task.source_texts("validation"),
                     task.target_texts("validation"))) == sorted(zip(sources, targets))
+  # The name the published runs' tokenizers were cached under (their config holds the
+  # direction already): a rename would train them anew.
+  assert os.path.basename(task.tokenizer.path) == "multi30k-en-de-1.0.0-unigram-120-seed0.model"
 
 
 def test_other_language_pair_and_optional_split(raw_dir, tmp_path):

@@ -4,6 +4,8 @@ TensorFlow is not a requirement: where it is not installed, these tests also sho
 WMT14 (mocked) needs none.
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -30,6 +32,13 @@ def test_mock_data_through_the_pipeline(tmp_path, monkeypatch):
     assert len(sources) == len(targets) == 12 and sources != targets
     reverse = pipeline.Task(_task_config(tmp_path, source_lang="de", target_lang="en"))
     assert reverse.source_texts("test") == task.target_texts("test")
+    # One config holds both directions, and each trains its tokenizer on its own order of the
+    # text: each caches its own.
+    names = {os.path.basename(t.tokenizer.path) for t in (task, reverse)}
+    assert names == {
+        "wmt14_translate-de-en-en_to_de-1.0.0-unigram-80-seed0.model",
+        "wmt14_translate-de-en-de_to_en-1.0.0-unigram-80-seed0.model"
+    }
     batch = next(task.train_iterator(2, seed=0))
     assert batch["inputs"].shape == (2, 64)
     assert (batch["inputs_segmentation"] > 0).sum() == (batch["inputs"] > 0).sum() > 0

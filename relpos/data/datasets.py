@@ -42,6 +42,18 @@ class PairDataset:
     as it does the catalog's `wmt14_translate`."""
     return bool(self.builder.info.disable_shuffling)
 
+  @property
+  def text_name(self) -> str:
+    """Names the text a tokenizer of this dataset trains on: builder, builder config, version,
+    and the direction where the config holds both (the catalog's `wmt14_translate/de-en` keys
+    its languages, and the training text interleaves source and target in that order)."""
+    builder = self.builder
+    direction = ("" if
+                 (self.source_key,
+                  self.target_key) == (SOURCE_KEY,
+                                       TARGET_KEY) else f"-{self.source_key}_to_{self.target_key}")
+    return f"{builder.name}-{builder.builder_config.name}{direction}-{builder.version}"
+
   def data_sources(self) -> dict[str, Sequence[dict[str, bytes]]]:
     """Split name -> random-access data source of decoded examples."""
     return self.builder.as_data_source(split={split: split for split in self.splits})

@@ -153,8 +153,7 @@ class Task:
     self.tokenizer = tokenizer_lib.load_or_train_tokenizer(
         os.path.join(
             root, "relpos_tokenizers",
-            f"{builder.name}-{builder.builder_config.name}-{builder.version}-"
-            f"{task_config.spm_model_type}-{task_config.vocab_size}-"
+            f"{self._dataset.text_name}-{task_config.spm_model_type}-{task_config.vocab_size}-"
             f"seed{task_config.spm_seed}.model"),
         (text for pair in self._pairs("train") for text in pair), vocab_size=task_config.vocab_size,
         model_type=task_config.spm_model_type, seed=task_config.spm_seed)
