@@ -147,11 +147,13 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
 
 def score_split(model: nnx.Module, task: pipeline.Task, split: str, config: run_config.RunConfig, *,
                 mesh: Mesh) -> dict[str, Any]:
-  """Translates a whole split (decode.* of `config`) and scores it against its references.
+  """Translates a whole split (decode.* of `config`) and scores it against its references
+  (warning, once per split, of references the tokenizer cannot write: `Task.check_references`).
 
   Returns:
     `scoring.score`'s dict plus "translations" (list of str, in split order).
   """
+  task.check_references(split)
   translations = translate_texts(model, task.tokenizer, task.source_texts(split), config, mesh=mesh)
   scores = scoring.score(translations, task.target_texts(split), language=config.task.target_lang)
   return {**scores, "translations": translations}
@@ -368,6 +370,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   if input_file is not None:  # Bad files fail before any work.
     sources, references = _file_sentences(input_file, reference_file)
     check_source_lengths(input_file, sources, task.tokenizer)
+    if references is not None:
+      tokenizer_lib.check_references(task.tokenizer, references, reference_file)
   output_dir = output_dir or os.path.join(workdir, workdir_files.EVAL_DIR)
   if jax.process_index() == 0:
     evaluation_files.check_writable(output_dir)

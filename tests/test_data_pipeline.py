@@ -259,6 +259,21 @@ def test_tokenizer_is_cached_beside_the_data(task, data_dir):
   assert other.tokenizer.path != task.tokenizer.path
 
 
+def test_references_the_tokenizer_cannot_write_are_warned_of_once(data_dir, monkeypatch, caplog):
+  task = pipeline.Task(_task_config(data_dir, max_length=32))
+  assert task.check_references("test") == []  # the synthetic task's references all round-trip
+  references = task.target_texts("validation")
+  monkeypatch.setattr(task, "target_texts", lambda split: references[:2] + [" x", references[2]])
+  for _ in range(2):
+    assert task.check_references("validation") == [2]
+  warned = [r.getMessage() for r in caplog.records if "round trip" in r.getMessage()]
+  assert warned == [
+      "1 of 4 references of split 'validation' of task synthetic do not survive the tokenizer's "
+      "round trip (its normalization, or characters unseen in training): no translation can "
+      "match them exactly. The first (number 3): ' x' decodes as 'x'."
+  ]
+
+
 def test_tokenizer_larger_than_the_model_vocabulary_is_refused(task, data_dir):
   """A tokenizer file with more pieces than task.vocab_size would feed ids past the embedding."""
   path = task.tokenizer.path.replace("-120-", "-16-")

@@ -24,6 +24,17 @@ def test_round_trip_and_special_ids(tmp_path):
   assert tok.decode([tokenizer_lib.PAD_ID] + tok.encode("le chat")[:-1]) == "le chat"
 
 
+def test_texts_the_round_trip_changes_are_named(tmp_path):
+  tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=60,
+                                              model_type="unigram", seed=0)
+  texts = ["the dog sees the cat", "the  dog", "le\xa0chat", "the dog ✓", " the cat", "Zwei"]
+  # Runs of spaces and a leading one collapse, a no-break space becomes a space (nmt_nfkc), an
+  # unseen character reads " ⁇ ".
+  assert tok.changed_by_round_trip(texts) == [1, 2, 3, 4]
+  assert tok.decode(tok.encode(texts[3])) == "the dog  ⁇ "
+  assert tok.changed_by_round_trip([]) == []
+
+
 def test_tokenizer_smaller_than_requested_decodes_every_id(tmp_path):
   """SentencePiece gives fewer pieces than asked on a small corpus; decode never fails."""
   tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=200,

@@ -62,17 +62,20 @@ def test_outputs_one_translation_per_sentence_and_the_json(run, tmp_path):
   assert set(result) >= {"bleu", "signature", "chrf", "step"}
 
 
-def test_input_file_overlong_lines_are_translated(run, tmp_path):
+def test_input_file_overlong_lines_are_translated(run, tmp_path, caplog):
   config, workdir, _ = run
   task_sources = pipeline.get_task(config.task).source_texts("validation")
   long_line = " ".join(task_sources * 3)  # longer than training's max_length and model.max_len
   sources = tmp_path / "sources.txt"
   sources.write_text("\n".join([task_sources[0], long_line, ""]) + "\n", encoding="utf-8")
   references = tmp_path / "references.txt"
-  references.write_text("a\nb\nc\n", encoding="utf-8")
+  references.write_text("a\nb  b\nc\n", encoding="utf-8")
   result = evaluate.evaluate_checkpoint(workdir, input_file=str(sources),
                                         reference_file=str(references), output_dir=str(tmp_path))
   assert result["num_sentences"] == 3 and "bleu" in result
+  # A reference no translation can match (SentencePiece collapses the double space) is named.
+  assert (f"1 of 3 references of {references} do not survive the tokenizer's round trip"
+          in caplog.text) and "(number 2): 'b  b' decodes as 'b b'" in caplog.text
   with open(result["translations_file"], encoding="utf-8") as f:
     assert len(f.read().split("\n")) == 4
 

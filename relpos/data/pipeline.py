@@ -195,6 +195,12 @@ class Task:
       return []
     return synthetic.subsets_of(split, list(self._pairs(split)), self._train_pairs)
 
+  @functools.lru_cache(maxsize=None)
+  def check_references(self, split: str) -> list[int]:
+    """`check_references` of the split's references, warning once per split."""
+    return tokenizer_lib.check_references(self.tokenizer, self.target_texts(split),
+                                          f"split {split!r} of task {self.name}")
+
   @functools.cached_property
   def _train_pairs(self) -> frozenset[tuple[str, str]]:
     """The training split's pairs, read once (`subsets` asks for them per split and

@@ -58,6 +58,31 @@ class Tokenizer:
     size = self.vocab_size
     return self._processor.decode([i if 0 <= i < size else UNK_ID for i in ids if i != PAD_ID])
 
+  def changed_by_round_trip(self, texts: Sequence[str]) -> list[int]:
+    """Indices of the texts that decoding their encoding does not give back: SentencePiece
+    normalizes text (its default `nmt_nfkc`: no-break spaces, runs of spaces, compatibility
+    characters) and decodes characters it never saw in training as " ⁇ " (no byte
+    fallback). A decoder cannot write such a text exactly."""
+    return [
+        i for i, (text, ids) in enumerate(zip(texts, self.encode_batch(texts)))
+        if self.decode(ids) != text
+    ]
+
+
+def check_references(tokenizer: Tokenizer, references: Sequence[str], where: str) -> list[int]:
+  """Indices of the references `tokenizer` cannot give back (`Tokenizer.changed_by_round_trip`),
+  with a warning naming how many and the first: no translation matches them exactly, so BLEU
+  against them stays below 100 (`where` names them in it: a split or a file)."""
+  changed = tokenizer.changed_by_round_trip(references)
+  if changed:
+    first = references[changed[0]]
+    logging.warning(
+        "%d of %d references of %s do not survive the tokenizer's round trip (its "
+        "normalization, or characters unseen in training): no translation can match them "
+        "exactly. The first (number %d): %r decodes as %r.", len(changed), len(references), where,
+        changed[0] + 1, first, tokenizer.decode(tokenizer.encode(first)))
+  return changed
+
 
 def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: str,
                     seed: int) -> Tokenizer:
