@@ -523,7 +523,10 @@ def test_stack_seeds_trains_a_rows_seeds_as_one_program(finished_table, tmp_path
   assert [(r["row"], r["seed"], [s["step"] for s in r["starts"]]) for r in runs
          ] == [("abs", 0, [0]), ("abs", 1, [0])]
   for split, scores in alone["scores"].items():
-    assert runs[0]["scores"][split]["bleu"] == pytest.approx(scores["bleu"], abs=1e-3)
+    # BLEU of a tiny run may be 0 either way; chrF is not (the check would hold for any two).
+    assert scores["chrf"] > 0
+    for metric in ("bleu", "chrf"):
+      assert runs[0]["scores"][split][metric] == pytest.approx(scores[metric], abs=1e-3)
   validation_loss = lambda run, folder: [
       r["loss"]
       for r in metrics_writer.read_metrics(os.path.join(folder, run["workdir"]))
