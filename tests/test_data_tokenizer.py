@@ -27,11 +27,15 @@ def test_round_trip_and_special_ids(tmp_path):
 def test_texts_the_round_trip_changes_are_named(tmp_path):
   tok = tokenizer_lib.load_or_train_tokenizer(str(tmp_path / "t.model"), SENTENCES, vocab_size=60,
                                               model_type="unigram", seed=0)
-  texts = ["the dog sees the cat", "the  dog", "le\xa0chat", "the dog ✓", " the cat", "Zwei"]
-  # Runs of spaces and a leading one collapse, a no-break space becomes a space (nmt_nfkc), an
-  # unseen character reads " ⁇ ".
-  assert tok.changed_by_round_trip(texts) == [1, 2, 3, 4]
-  assert tok.decode(tok.encode(texts[3])) == "the dog  ⁇ "
+  texts = [
+      "the dog sees the cat", "the  dog", "le\xa0chat", "the dog ✓", " the cat", "ｔｈｅ cat",
+      "le chat…"
+  ]
+  # An unseen character reads " ⁇ "; nmt_nfkc writes full-width letters and "…" otherwise. Runs
+  # of spaces, a leading one and a no-break space change nothing BLEU or chrF sees.
+  assert tok.changed_by_round_trip(texts) == [3, 5, 6]
+  assert [tok.decode(tok.encode(texts[i])) for i in (3, 5, 6)
+         ] == ["the dog  ⁇ ", "the cat", "le chat..."]
   assert tok.changed_by_round_trip([]) == []
 
 

@@ -59,13 +59,14 @@ class Tokenizer:
     return self._processor.decode([i if 0 <= i < size else UNK_ID for i in ids if i != PAD_ID])
 
   def changed_by_round_trip(self, texts: Sequence[str]) -> list[int]:
-    """Indices of the texts that decoding their encoding does not give back: SentencePiece
-    normalizes text (its default `nmt_nfkc`: no-break spaces, runs of spaces, compatibility
-    characters) and decodes characters it never saw in training as " ⁇ " (no byte
-    fallback). A decoder cannot write such a text exactly."""
+    """Indices of the texts whose words decoding their encoding does not give back:
+    SentencePiece normalizes text (its default `nmt_nfkc`: compatibility characters such as
+    "…" or full-width letters) and decodes characters it never saw in training as " ⁇ " (no
+    byte fallback). A decoder cannot write such a text. Whitespace alone does not count
+    (runs of spaces, no-break spaces): sacreBLEU's and chrF's tokenization drop it too."""
     return [
         i for i, (text, ids) in enumerate(zip(texts, self.encode_batch(texts)))
-        if self.decode(ids) != text
+        if self.decode(ids).split() != text.split()
     ]
 
 
