@@ -81,10 +81,10 @@ def test_the_length_table_rows_and_their_task_fields():
 
 def test_an_override_may_not_set_a_field_the_rows_set_apart():
   with pytest.raises(
-      ValueError, match=r"--set model.position='rope' would give every row the one "
-      r"value of a field that rows abs \('absolute'\) and rel_kv \('relative'\) "
-      r"set apart, so they would not be what their names say"):
-    tables.check_overrides(tables.TABLES["ablation"], {"model.position": "rope"})
+      ValueError, match=r"--set model.max_relative_position=16 would give every row the one "
+      r"value of a field that rows k=0 \(0\) and k=1 \(1\) set apart, so they would not be "
+      r"what their names say"):
+    tables.check_overrides(tables.TABLES["k_sweep"], {"model.max_relative_position": 16})
   with pytest.raises(ValueError, match=r"rows rel_kv \(True\) and rel_v \(False\) set apart"):
     tables.check_overrides(("abs", "rel_kv", "rel_v"), {"model.relative_key": True})
   for rows, overrides in (
@@ -105,11 +105,18 @@ def test_an_override_of_a_field_no_row_has_is_refused():
       "change nothing.")
 
 
-def test_a_variant_field_is_checked_against_the_position_the_rows_will_have():
-  # The rows set model.position alike, so it may be overridden, and its fields with it.
-  tables.check_overrides(("rel_kv", "rel_k"), {"model.position": "rope", "model.rope_base": 5e4})
-  # An unknown variant is left for validation to name (with --import).
-  tables.check_overrides(("rel_kv",), {"model.position": "kerple", "model.rope_base": 5e4})
+def test_an_override_of_the_rows_variant_is_refused():
+  # rel_kv and rel_k set model.position alike, yet both would train RoPE under their names.
+  for position in ("rope", "kerple"):  # a variant of one's own (--import) as well
+    with pytest.raises(ValueError) as raised:
+      tables.check_overrides(("rel_kv", "rel_k"), {"model.position": position})
+    assert str(raised.value) == (
+        f"--set model.position={position!r} would train row rel_kv (model.position='relative') "
+        "as another variant than its name says: ask for that variant's row in --rows instead "
+        "(--list lists them).")
+  # The rows' own variant changes nothing, and its fields may be set.
+  tables.check_overrides(("rel_kv", "rel_k"),
+                         {"model.position": "relative", "model.max_relative_position": 8})
 
 
 def test_parse_override():

@@ -198,17 +198,27 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   on the k sweep trains k=0 and k=256 alike). A field the rows set alike, or only one of them
   sets, may be overridden (`--rows=rel_kv_concat --set=task.concat_probability=0.25`).
 
-  An override of a position variant's field that no row's variant has is refused too
+  An override of `model.position` other than a row's own variant is refused (every row is a
+  variant, named so; `rel_kv` and `rel_k` set it alike, and would both train the override),
+  and so is an override of a position variant's field that no row's variant has
   (`model_config.check_fields_used`).
 
   Raises:
-    ValueError: naming the override and two rows that set the field apart.
+    ValueError: naming the override and two rows that set the field apart, or the row whose
+      variant the override would replace.
   """
   overrides = overrides or {}
+  positions = [row_overrides(row)["position"] for row in rows]
+  if "model.position" in overrides:
+    for row, position in zip(rows, positions):
+      if position != overrides["model.position"]:
+        raise ValueError(
+            f"--set model.position={overrides['model.position']!r} would train row {row} "
+            f"(model.position={position!r}) as another variant than its name says: ask for "
+            "that variant's row in --rows instead (--list lists them).")
   model_config.check_fields_used(
       {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")},
-      [overrides.get("model.position",
-                     row_overrides(row)["position"]) for row in rows], "override model.")
+      positions, "override model.")
   for field, value in (overrides or {}).items():
     setting = [(row, row_fields(row)[field]) for row in rows if field in row_fields(row)]
     apart = [(row, v) for row, v in setting if v != setting[0][1]]
