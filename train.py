@@ -7,7 +7,6 @@ saves a checkpoint and exits with status 0. On several hosts pass --multihost
 (see relpos.distributed.initialize).
 """
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -24,7 +23,7 @@ _MULTIHOST = cli.define_multihost_flag()
 
 def main(argv: list[str]) -> None:
   def work() -> dict:
-    cli.check_model_overrides(sys.argv, _CONFIG.value)
+    cli.check_model_overrides(_CONFIG)
     return train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
   print(json.dumps(cli.run(argv, work, multihost=_MULTIHOST.value)))

@@ -243,21 +243,22 @@ def define_overrides_flag(config: ml_collections.ConfigDict, help_text: str) -> 
     return config_flags.DEFINE_config_dict("config", config, help_text, lock_config=True)
 
 
-def check_model_overrides(argv: Sequence[str], config: ml_collections.ConfigDict) -> None:
-  """Refuses a `--config.model.<field>` of the command line that the run's position variant
-  does not have (`model_config.check_fields_used`): it would change nothing.
+def check_model_overrides(config_flag: flags.FlagHolder) -> None:
+  """Refuses a `--config.model.<field>` override (as absl read it: either dash, or from a
+  --flagfile) that the run's position variant does not have
+  (`model_config.check_fields_used`): it would change nothing.
 
   Raises:
     ValueError: naming the flag, the variant that has the field and the run's.
   """
-  given = [
-      arg[len("--config.model."):].split("=")[0]
-      for arg in argv
-      if arg.startswith("--config.model.")
-  ]
+  config = config_flag.value
+  given = config_flags.get_override_values(flags.FLAGS[config_flag.name])
   model_config.check_fields_used(
-      {name: config.model[name] for name in given if name in config.model}, [config.model.position],
-      "--config.model.")
+      {
+          name.removeprefix("model."): value
+          for name, value in given.items()
+          if name.startswith("model.")
+      }, [config.model.position], "--config.model.")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -28,11 +28,18 @@ MISTAKES = [
     ("misspelled override, experiments", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=trian.num_steps=1"
      ], "error: override 'trian.num_steps': no config field 'trian'. Did you mean 'train'?"),
-    ("a field of another variant", {}, [
-        "train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
-        "--config.model.position=rope", "--config.model.max_relative_position=8"
-    ], "error: --config.model.max_relative_position=8: a field of position variant 'relative', "
-     "not of model.position='rope' (fields: rope_base): it would change nothing."),
+    (
+        "a field of another variant",
+        {},
+        [
+            "train.py",
+            "--workdir={tmp}/run",
+            "--config=configs/tiny.py",
+            "--config.model.position=rope",
+            "-config.model.max_relative_position=8"  # one dash
+        ],
+        "error: --config.model.max_relative_position=8: a field of position variant 'relative', "
+        "not of model.position='rope' (fields: rope_base): it would change nothing."),
     ("forgotten --config=", {}, ["train.py", "configs/tiny.py", "--workdir={tmp}/run"],
      "error: unexpected argument 'configs/tiny.py' (did you mean --config=configs/tiny.py?)."),
     ("a positional argument to eval.py", {}, ["eval.py", "x.py", "--workdir={tmp}/run"],
