@@ -171,7 +171,8 @@ def check_tokenizer(workdir: str, tokenizer_sha256: str, tokenizer_path: str) ->
   """Refuses a tokenizer other than the one the run's last start recorded (starts.jsonl): its
   checkpoints were trained on that tokenizer's ids, and another one (a data folder on another
   machine, a tokenizer trained again) would feed and decode other ids without an error. A run
-  started before tokenizers were recorded is not checked.
+  started before tokenizers were recorded is not checked; nor is a start that saved no
+  checkpoint (`train.open_workdir` asks only when resuming).
 
   Raises:
     ValueError: naming the tokenizer file, both hashes and what to do.

@@ -130,9 +130,11 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
     manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
     try:
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
-      run_config.check_resume(config, workdir, resuming=manager.latest_step() is not None)
+      resuming = manager.latest_step() is not None
+      run_config.check_resume(config, workdir, resuming=resuming)
       task = pipeline.get_task(config.task)
-      metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
+      if resuming:  # a start that saved no checkpoint trained nothing on its tokenizer
+        metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())

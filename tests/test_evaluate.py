@@ -169,8 +169,14 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
     evaluate.evaluate_checkpoint(str(tmp_path), split="validation")
 
 
-def test_a_run_evaluated_with_another_tokenizer_is_refused_before_restoring(run, tmp_path):
+def test_a_run_evaluated_with_another_tokenizer_is_refused_before_restoring(
+    run, tmp_path, monkeypatch):
   config, workdir, _ = run
+
+  def restore_model(*args, **kwargs):
+    raise AssertionError("the model was restored before the tokenizer was checked")
+
+  monkeypatch.setattr(evaluate, "restore_model", restore_model)
   recorded = metrics_writer.read_starts(workdir)[-1]["tokenizer_sha256"]
   assert recorded == pipeline.get_task(config.task).tokenizer.sha256()  # the run's own
   copy = str(tmp_path / "run")

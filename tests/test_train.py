@@ -97,10 +97,14 @@ def test_resuming_past_the_budget_stops_naming_the_step(trained, tmp_path):
   assert open(os.path.join(copy, "config.json")).read() == config_json
 
 
-def test_resuming_with_another_tokenizer_stops_before_restoring(trained, tmp_path):
+def test_resuming_with_another_tokenizer_stops_before_restoring(trained, tmp_path, monkeypatch):
   """Each start records its tokenizer's SHA-256; a resume on another one (another data folder)
-  is refused, the workdir unchanged."""
+  is refused before any checkpoint is read, the workdir unchanged."""
   config, workdir, _ = trained
+
+  def restore_newest(*args, **kwargs):
+    raise AssertionError("a checkpoint was read before the tokenizer was checked")
+
   starts = metrics_writer.read_starts(workdir)
   assert {s["tokenizer_sha256"] for s in starts
          } == {pipeline.get_task(config.task).tokenizer.sha256()}
@@ -109,9 +113,22 @@ def test_resuming_with_another_tokenizer_stops_before_restoring(trained, tmp_pat
   metrics_writer.record_start(copy, NUM_STEPS, "abc1234", tokenizer_sha256="0" * 64)
   before = sorted(os.listdir(copy))
   longer = tiny_config(config.task.tfds_data_dir, num_steps=NUM_STEPS + 4)
-  with pytest.raises(ValueError, match="is not the one the checkpoints in .* were trained with"):
-    train.train_and_evaluate(longer, copy)
+  with monkeypatch.context() as patch:
+    patch.setattr(checkpoints, "restore_newest", restore_newest)
+    with pytest.raises(ValueError, match="is not the one the checkpoints in .* were trained with"):
+      train.train_and_evaluate(longer, copy)
   assert sorted(os.listdir(copy)) == before and len(metrics_writer.read_starts(copy)) == 2
+
+
+def test_a_start_that_saved_no_checkpoint_binds_no_tokenizer(data_dir, tmp_path):
+  """A run stopped before its first checkpoint trained nothing on its tokenizer: started again
+  on another one (the data folder fixed), it trains."""
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  metrics_writer.record_start(workdir, 0, "abc1234", tokenizer_sha256="0" * 64)
+  result = train.train_and_evaluate(tiny_config(data_dir, num_steps=2), workdir)
+  assert result["step"] == 2
+  assert metrics_writer.read_starts(workdir)[-1]["tokenizer_sha256"] != "0" * 64
 
 
 def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
