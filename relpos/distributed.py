@@ -21,8 +21,8 @@ def _coordinator(multihost: str) -> tuple[str, int, int] | None:
   'auto'.
 
   Raises:
-    ValueError: a malformed `multihost`, a port outside 1-65535, or a process id not below
-      the number of processes, naming it.
+    ValueError: a malformed `multihost`, a port outside 1-65535, no processes, or a process
+      id not below the number of processes, naming it.
   """
   if multihost == "auto":
     return None
@@ -32,6 +32,8 @@ def _coordinator(multihost: str) -> tuple[str, int, int] | None:
   host, port, count, process = match.group(1), *map(int, match.groups()[1:])
   if not 0 < port < 65536:
     raise ValueError(f"--multihost={multihost!r}: the port {port} is not in 1-65535.")
+  if count == 0:
+    raise ValueError(f"--multihost={multihost!r}: the number of processes must be at least 1.")
   if process >= count:
     raise ValueError(f"--multihost={multihost!r}: the process id {process} must be below the "
                      f"number of processes {count}.")

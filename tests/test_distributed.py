@@ -32,7 +32,7 @@ def test_the_noise_is_gloos_connection_lines():
     ("localhost:abc,1,0", "must be 'auto' or"),
     ("localhost:0,1,0", "the port 0 is not in 1-65535."),
     ("localhost:1234,2,5", "the process id 5 must be below the number of processes 2."),
-    ("localhost:1234,0,0", "the process id 0 must be below the number of processes 0."),
+    ("localhost:1234,0,0", "the number of processes must be at least 1."),
 ])
 def test_a_port_or_process_id_that_cannot_be_is_one_line_before_joining(
     monkeypatch, multihost, says):
