@@ -189,9 +189,9 @@ def test_unknown_row_and_override_fail_before_any_work(tmp_path):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      rows=["abs"], overrides={"train.num_stepz": 3})
   with pytest.raises(
-      ValueError, match=re.escape(
-          "--set model.max_relative_position=16 would give every row the one value of a field that "
-          "rows k=0 (0) and k=1 (1) set apart")):
+      ValueError,
+      match=re.escape("--set model.max_relative_position=16 would change row k=0, which sets "
+                      "model.max_relative_position=0")):
     runner.run_table("k_sweep", task="synthetic", seeds=[0], output_dir=str(tmp_path),
                      overrides={"model.max_relative_position": 16})
   assert not os.listdir(tmp_path)
@@ -378,6 +378,14 @@ def test_a_run_asked_otherwise_than_the_folders_other_runs_stops_the_table(
                      retrain_changed=True)  # nothing moved aside before it stops
   assert sorted(os.listdir(os.path.join(
       output_dir, "runs"))) == ["synthetic-ablation-abs-seed0", "synthetic-ablation-rel_kv-seed0"]
+  # A seed of a row made with another value of a field the row sets (a one-row study may set
+  # it) would be averaged with the row's other seeds.
+  rel_kv_result = os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "result.json")
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{rel_kv_result} was made with model.relative_value=True, not the False asked")):
+    runner.run_table("ablation", task="synthetic", seeds=[1], output_dir=output_dir,
+                     rows=["rel_kv"], overrides={**overrides, "model.relative_value": False})
 
 
 def test_retrain_changed_keeps_the_old_run_aside_and_trains_it_again(finished_table, tmp_path):

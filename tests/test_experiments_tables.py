@@ -79,18 +79,34 @@ def test_the_length_table_rows_and_their_task_fields():
   assert override.task.concat_probability == 0.0
 
 
-def test_an_override_may_not_set_a_field_the_rows_set_apart():
-  with pytest.raises(
-      ValueError, match=r"--set model.max_relative_position=16 would give every row the one "
-      r"value of a field that rows k=0 \(0\) and k=1 \(1\) set apart, so they would not be "
-      r"what their names say"):
-    tables.check_overrides(tables.TABLES["k_sweep"], {"model.max_relative_position": 16})
-  with pytest.raises(ValueError, match=r"rows rel_kv \(True\) and rel_v \(False\) set apart"):
-    tables.check_overrides(("abs", "rel_kv", "rel_v"), {"model.relative_key": True})
+@pytest.mark.parametrize(
+    "rows,field,value,row,own",
+    [
+        (tables.TABLES["k_sweep"], "model.max_relative_position", 16, "k=0", 0),
+        (("k=4",), "model.max_relative_position", 16, "k=4", 4),  # its name states the value
+        (("abs", "rel_kv"), "model.relative_value", False, "rel_kv", True),  # rel_k named rel_kv
+        (("rel_kv", "abs_rel_kv"), "model.relative_value", False, "rel_kv", True),  # set alike
+        (tables.TABLES["length"], "task.concat_probability", 0.25, "rel_kv_concat", 0.5),
+        (("abs", "shape"), "model.absolute_type", "learned", "abs", "sinusoidal"),
+        (("rel_kv", "rel_k"), "model.position", "rope", "rel_kv", "relative"),
+        (("rel_kv", "rel_k"), "model.position", "kerple", "rel_kv", "relative"),  # one's own
+    ])
+def test_an_override_of_a_field_a_row_sets_is_refused(rows, field, value, row, own):
+  with pytest.raises(ValueError) as raised:
+    tables.check_overrides(rows, {field: value})
+  assert str(raised.value) == (
+      f"--set {field}={value!r} would change row {row}, which sets {field}={own!r}: the table "
+      "would compare it under a name it no longer has. Run that row without it, or that row "
+      "alone (a study of its settings), or train that config with train.py.")
+
+
+def test_overrides_that_leave_every_row_what_its_name_says():
   for rows, overrides in (
-      (("rel_kv_concat",), {"task.concat_probability": 0.25}),  # one row sets it
-      (("abs", "shape", "randomized"), {"model.absolute_type": "learned"}),  # set alike
+      (("rel_kv_concat",), {"task.concat_probability": 0.25}),  # a study of one row
+      (("fire",), {"model.fire_hidden": 64}),
       (tables.TABLES["ablation"], {"model.max_relative_position": 8, "model.dtype": "float32"}),
+      (("rel_kv", "rel_k"), {"model.position": "relative"}),  # the rows' own value
+      (("k=4",), {"model.max_relative_position": 4, "train.num_steps": 10}),
       (tables.TABLES["k_sweep"], None),
   ):
     tables.check_overrides(rows, overrides)
@@ -103,20 +119,6 @@ def test_an_override_of_a_field_no_row_has_is_refused():
       "override model.max_relative_position=8: a field of position variant 'relative', not of the "
       "rows' variants 'absolute' (fields: absolute_type), 'rope' (fields: rope_base): it would "
       "change nothing.")
-
-
-def test_an_override_of_the_rows_variant_is_refused():
-  # rel_kv and rel_k set model.position alike, yet both would train RoPE under their names.
-  for position in ("rope", "kerple"):  # a variant of one's own (--import) as well
-    with pytest.raises(ValueError) as raised:
-      tables.check_overrides(("rel_kv", "rel_k"), {"model.position": position})
-    assert str(raised.value) == (
-        f"--set model.position={position!r} would train row rel_kv (model.position='relative') "
-        "as another variant than its name says: ask for that variant's row in --rows instead "
-        "(--list lists them).")
-  # The rows' own variant changes nothing, and its fields may be set.
-  tables.check_overrides(("rel_kv", "rel_k"),
-                         {"model.position": "relative", "model.max_relative_position": 8})
 
 
 def test_parse_override():

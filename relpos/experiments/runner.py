@@ -274,27 +274,26 @@ def check_made_alike(output_dir: str, runs: Sequence[Run], task: str,
                      overrides: dict[str, Any] | None) -> None:
   """Refuses a request made otherwise than the finished runs of other rows or seeds already in
   `output_dir`, which its table.md would compare with the new ones (an `abs` of 1,000 steps
-  beside a `rel_kv` of 2,000). Fields a row sets, the seed and the neutral ones may differ; a
-  run whose config no longer validates (a variant of one's own not imported) is not compared.
+  beside a `rel_kv` of 2,000, or seeds of one row made with two values of a field it sets).
+  Each is compared with the config this request would give its own row and seed, so only the
+  seed and the neutral fields may differ; a run whose config no longer validates (a variant of
+  one's own not imported) is not compared.
 
   Raises:
     ValueError: naming the finished run's result.json, the first field and both values.
   """
   requested_runs = {os.path.abspath(run.workdir) for run in runs}
-  first = runs[0]
-  requested = config_lib.validate(tables.one_run_config(first.row, first.seed, task, overrides))
   for other in results.collect(output_dir):
     workdir = os.path.abspath(results.workdir_of(other, output_dir))
     if workdir in requested_runs:
       continue  # compared with its own request (`pending_runs`)
     try:
       saved = config_lib.validate(other["config"])
-      row_set = {*tables.row_fields(first.row), *tables.row_fields(other["row"]), "seed"}
+      requested = config_lib.validate(
+          tables.one_run_config(other["row"], other["seed"], task, overrides))
     except ValueError:
       continue
-    differences = [
-        d for d in config_lib.result_differences(saved, requested) if d[0] not in row_set
-    ]
+    differences = config_lib.result_differences(saved, requested)
     if differences:
       field, before, asked = differences[0]
       raise ValueError(
@@ -390,8 +389,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     process ended without a result).
 
   Raises:
-    ValueError: for an unknown table, row or order, an invalid override (or one of a field the
-      rows set apart: `tables.check_overrides`), no seeds, `parallel`
+    ValueError: for an unknown table, row or order, an invalid override (or one that changes
+      a field a row sets: `tables.check_overrides`), no seeds, `parallel`
       < 1 (or > 1 with `stack_seeds`), an output folder holding runs of another task, a
       finished run made with another config (see `pending_runs`), a `restore_from` that is
       not a results.json, or a `publish_to` folder that cannot be written.

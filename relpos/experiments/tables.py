@@ -193,41 +193,35 @@ def row_fields(row: str) -> dict[str, object]:
 
 
 def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) -> None:
-  """Refuses an override of a field that `rows` set apart: every row would take its value, and
-  the rows would no longer differ as their names say (`--set model.max_relative_position=16`
-  on the k sweep trains k=0 and k=256 alike). A field the rows set alike, or only one of them
-  sets, may be overridden (`--rows=rel_kv_concat --set=task.concat_probability=0.25`).
+  """Refuses an override that changes a field a requested row sets (`row_fields`): the row
+  would no longer be what its name says, and the table would compare it as such
+  (`--rows=abs,rel_kv --set=model.relative_value=False` trains rel_k as `rel_kv`;
+  `--set=model.max_relative_position=16` on the k sweep trains k=0 and k=256 alike;
+  `--set=task.concat_probability=0.25` on the length table concatenates for every row). A
+  one-row table may change its row's fields, a study of that row
+  (`--rows=rel_kv_concat --set=task.concat_probability=0.25`), unless its name states the
+  value (`k=4`); every table may set a field no row sets, or set one to the rows' own value.
 
-  An override of `model.position` other than a row's own variant is refused (every row is a
-  variant, named so; `rel_kv` and `rel_k` set it alike, and would both train the override),
-  and so is an override of a position variant's field that no row's variant has
+  An override of a position variant's field that no row's variant has is refused too
   (`model_config.check_fields_used`).
 
   Raises:
-    ValueError: naming the override and two rows that set the field apart, or the row whose
-      variant the override would replace.
+    ValueError: naming the override and the row whose field it would change.
   """
   overrides = overrides or {}
-  positions = [row_overrides(row)["position"] for row in rows]
-  if "model.position" in overrides:
-    for row, position in zip(rows, positions):
-      if position != overrides["model.position"]:
-        raise ValueError(
-            f"--set model.position={overrides['model.position']!r} would train row {row} "
-            f"(model.position={position!r}) as another variant than its name says: ask for "
-            "that variant's row in --rows instead (--list lists them).")
   model_config.check_fields_used(
       {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")},
-      positions, "override model.")
-  for field, value in (overrides or {}).items():
-    setting = [(row, row_fields(row)[field]) for row in rows if field in row_fields(row)]
-    apart = [(row, v) for row, v in setting if v != setting[0][1]]
-    if apart:
-      (row_a, value_a), (row_b, value_b) = setting[0], apart[0]
-      raise ValueError(
-          f"--set {field}={value!r} would give every row the one value of a field that rows "
-          f"{row_a} ({value_a!r}) and {row_b} ({value_b!r}) set apart, so they would not be "
-          "what their names say: run those rows without it, or train that config with train.py.")
+      [row_overrides(row)["position"] for row in rows], "override model.")
+  if len(rows) == 1 and not rows[0].startswith(K_PREFIX):
+    return
+  for field, value in overrides.items():
+    for row in rows:
+      own = row_fields(row)
+      if field in own and own[field] != value:
+        raise ValueError(
+            f"--set {field}={value!r} would change row {row}, which sets {field}={own[field]!r}: "
+            "the table would compare it under a name it no longer has. Run that row without "
+            "it, or that row alone (a study of its settings), or train that config with train.py.")
 
 
 def row_config(row: str, task: str) -> ml_collections.ConfigDict:
