@@ -4,6 +4,8 @@ scores, restored runs, where its time went, its validation curve), through the w
 import json
 
 from relpos.experiments import report
+from relpos.experiments import report_runs
+from relpos.experiments import tables
 import fake_results
 
 
@@ -101,3 +103,36 @@ def test_a_run_restored_twice_names_both_losses():
   assert ("Restored from `docs/results/t/results.json` on 2026-11-25 and 2026-11-26 "
           "(`--restore_from`") in text
   assert text.count("Restored from") == 2 and "on 2026-11-26 (`--restore_from`" in text
+
+
+def _run_made_with(row, seed, overrides, *, drop=None):
+  """A fake run whose config is its row's recipe with `overrides` (and without the dotted field
+  `drop`, as a config saved before that field existed)."""
+  run = fake_results.run_record("ablation", row, seed, 40.0, 10.0)
+  run["config"] = json.loads(tables.one_run_config(row, seed, "synthetic", overrides).to_json())
+  if drop:
+    section, name = drop.split(".")
+    del run["config"][section][name]
+  return run
+
+
+def test_table_md_says_how_the_runs_were_made_otherwise_than_their_recipes():
+  """The overrides of the table's command (table.md said nothing of them), and fields older
+  configs lack, grouped by the runs they hold for; no line where every run is its recipe."""
+  assert report_runs.recipe_lines([_run_made_with("abs", 0, {})]) == []
+  runs = [
+      _run_made_with("abs", 0, {"train.num_steps": 5}, drop="train.max_skipped_fraction"),
+      _run_made_with("shape", 0, {"train.num_steps": 5, "model.shape_max_shift": 500}),
+      _run_made_with("shape", 1, {"train.num_steps": 5, "model.shape_max_shift": 500}),
+      {**fake_results.run_record("ablation", "kerple", 0, 40.0, 10.0), "config": {}},  # not read
+  ]
+  assert report_runs.recipe_lines(runs[:3]) == [
+      "Made otherwise than each row's recipe (the task's config with the row's fields), in "
+      "every run: `train.num_steps=5` (recipe 1000); in abs seed 0: no "
+      "`train.max_skipped_fraction` (recipe 0.01; the config predates it); in shape seeds 0, 1: "
+      "`model.shape_max_shift=500` (recipe 16).", ""
+  ]
+  # A run whose config cannot be read (a variant not imported) is compared with nothing.
+  assert ("in abs seed 0, shape seeds 0, 1: `train.num_steps=5` (recipe 1000)"
+          in report_runs.recipe_lines(runs)[0])
+  assert "Made otherwise" in report.render_table(runs[:3])

@@ -221,7 +221,7 @@ def render_table(runs: list[dict]) -> str:
       f"Checkpoint scored: {', '.join(scored)} ('best' by validation BLEU)" +
       (f"; beside it {', '.join(others)} ('average:N': the parameters of the last N "
        "checkpoints averaged)" if others else "") + ".", ""
-  ]
+  ] + report_runs.recipe_lines(runs)
   for table in TABLES:
     lines += _table_section(runs, table)
   if any(r["table"] == "length" for r in runs):

@@ -7,9 +7,11 @@ run's time went, and each run's validation curve. Runs are read as results.json 
 """
 
 from relpos.experiments import markdown
+from relpos.experiments import tables
 from relpos.experiments import timing
 from relpos.experiments import verdicts
 
+EVERY_RUN = "every run"  # `recipe_lines`' settings of all runs, named first
 TIME_PARTS = ("training", "validation", "evaluation")  # the parts of a run's time_s (schema 3)
 # The lower-cased BLEU scores beside each cased one (`relpos.scoring`), and their labels.
 LOWER_CASED_SCORES = (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowercase",
@@ -25,6 +27,51 @@ def other_checkpoints(runs: list[dict]) -> list[str]:
       if choice not in choices:
         choices.append(choice)
   return choices
+
+
+def recipe_lines(runs: list[dict]) -> list[str]:
+  """table.md's line on how the runs were made otherwise than their rows' recipes
+  (`tables.recipe_differences`: the overrides of the table's command, and defaults changed
+  since older runs), grouped by the runs they hold for; none where every run is its recipe."""
+  holders: dict[str, list[dict]] = {}
+  for run in runs:
+    for field, recipe, value in tables.recipe_differences(run):
+      setting = (f"`{field}={value!r}` (recipe {recipe!r})" if _has_field(run["config"], field) else
+                 f"no `{field}` (recipe {recipe!r}; the config predates it)")
+      holders.setdefault(setting, []).append(run)
+  by_runs: dict[str, list[str]] = {}
+  for setting, held in holders.items():
+    by_runs.setdefault(_which_runs(held, len(runs)), []).append(setting)
+  if not by_runs:
+    return []
+  return [
+      "Made otherwise than each row's recipe (the task's config with the row's fields), " +
+      "; ".join(f"in {which}: {', '.join(settings)}"
+                for which, settings in sorted(by_runs.items(), key=lambda i: i[0] != EVERY_RUN)) +
+      ".", ""
+  ]
+
+
+def _which_runs(held: list[dict], num_runs: int) -> str:
+  """"every run", or "shape seed 0, randomized seeds 0, 1"."""
+  if len(held) == num_runs:
+    return EVERY_RUN
+  by_row: dict[str, list[str]] = {}
+  for run in held:
+    by_row.setdefault(run["row"], []).append(str(run["seed"]))
+  return ", ".join(
+      f"{row} seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}" for row, seeds in by_row.items())
+
+
+def _has_field(config: dict, field: str) -> bool:
+  """Whether the saved `config` holds the dotted `field` (configs saved before a field existed
+  lack it)."""
+  section = config
+  for name in field.split("."):
+    if not isinstance(section, dict) or name not in section:
+      return False
+    section = section[name]
+  return True
 
 
 def _finished_at(run: dict) -> str:

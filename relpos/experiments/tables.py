@@ -8,6 +8,7 @@ config. A row may also set fields outside `config.model` (`ROW_FIELDS`, dotted n
 """
 import ast
 import importlib.util
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -263,3 +264,23 @@ def parse_override(text: str) -> tuple[str, Any]:
 def format_override(field: str, value: Any) -> str:
   """The `--set` text that `parse_override` reads back as (field, value)."""
   return f"{field}={value!r}"
+
+
+def recipe_differences(run: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+  """How a run of a results.json (its "row", "seed", "task" and "config") was made otherwise
+  than its row's recipe (`one_run_config` without overrides), in the fields that change a
+  result: [(dotted field, the recipe's value, the run's)]. Warnings about fields its config
+  predates are left out (they say the same thing); [] for a run whose config no longer
+  validates (a variant of one's own not imported).
+  """
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    saved = run_config.validate(run["config"])
+    recipe = run_config.validate(one_run_config(run["row"], run["seed"], run["task"]))
+  except ValueError:
+    return []
+  finally:
+    absl_logger.setLevel(level)
+  return run_config.result_differences(recipe, saved)
