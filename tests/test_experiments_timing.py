@@ -38,6 +38,18 @@ def test_runs_that_trained_at_the_same_time_are_not_timed_alone():
   assert timing.caveat(unrecorded, [first, unrecorded]) is None
 
 
+def test_runs_timed_on_other_machines_are_not_compared():
+  """A table restored from one machine's published runs and continued on another."""
+  amd, intel, unknown = _run("abs", 0), _run("rel_kv", 0), _run("rel_kv", 1)
+  amd["environment"] = {"device_kind": "cpu", "host_cpu": "AMD EPYC (avx2)"}
+  intel["environment"] = {"device_kind": "cpu", "host_cpu": "Intel Xeon (avx2)"}
+  assert timing.caveat(amd, [amd, unknown]) is None  # a run that predates the record
+  assert timing.caveat(amd, [amd, intel]) == "timed on another machine than other runs"
+  assert timing.caveat(unknown, [amd, intel, unknown]) is None  # its own machine unknown
+  twin = {**amd, "seed": 1}
+  assert timing.caveat(amd, [amd, twin]) is None
+
+
 def test_describe_load():
   assert timing.describe_load(_run("abs", 0)) == "1.5 / 2 cores"
   assert timing.describe_load(_run("abs", 0, load=LOADED)) == "3.4 / 2 cores, loaded 31%"

@@ -32,8 +32,10 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
   """Why `run`'s steps per second do not measure its variant alone, or None when they do:
   "load not recorded" (runs made before relpos recorded it, or more than LOADED_SHARE_LIMIT
   of the timed steps without it), "machine loaded" (more than LOADED_SHARE_LIMIT of its timed
-  steps on a machine with more runnable threads than cores + 1) or "trained beside other runs"
-  (another run of `runs` trained at the same time)."""
+  steps on a machine with more runnable threads than cores + 1), "trained beside other runs"
+  (another run of `runs` trained at the same time) or "timed on another machine than other
+  runs" (another run of `runs` records another device or host CPU: a table restored from one
+  machine and continued on another)."""
   load = run.get("machine_load") or {}
   unrecorded, loaded = load.get("unrecorded_share"), load.get("loaded_share")
   if unrecorded is None or unrecorded > LOADED_SHARE_LIMIT:
@@ -42,7 +44,18 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
     return "machine loaded"
   if any(other is not run and _overlaps(run, other) for other in runs):
     return "trained beside other runs"
+  machine = _machine(run)
+  if machine and any(_machine(other) not in (None, machine) for other in runs):
+    return "timed on another machine than other runs"
   return None
+
+
+def _machine(run: dict) -> tuple[str, str] | None:
+  """The run's device kind and host CPU (`results.environment`), None where unrecorded."""
+  environment = run.get("environment", {})
+  if not environment.get("host_cpu"):
+    return None
+  return environment.get("device_kind"), environment["host_cpu"]
 
 
 def describe_load(run: dict) -> str:
