@@ -81,6 +81,17 @@ def test_findings_verdicts_with_three_seeds():
   assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(single))["3."] == "not run"
 
 
+def test_a_v_alone_recovers_nothing_where_rel_kv_gains_nothing():
+  """With rel_kv below none, half its gain is a negative margin: rel_v significantly below
+  none but by less would pass as recovering "most of it"."""
+  runs = (_seeded("ablation", "rel_kv", [20.0, 21.0, 22.0]) +
+          _seeded("ablation", "none", [30.0, 31.0, 32.0]) +
+          _seeded("ablation", "rel_v", [27.0, 28.0, 29.0]))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  assert found["4b."] == ("no", "rel_v 28.0 ± 1.0 vs none 31.0 ± 1.0: rel_kv gains nothing over "
+                          "none (-10.0) for a^V to recover")
+
+
 def test_speed_is_judged_only_on_runs_timed_alone():
   runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0]) +
           _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], speeds=[5.0, 5.1, 5.2]))
