@@ -117,20 +117,18 @@ def test_findings_not_run_when_rows_missing():
   assert set(judged.values()) == {"not run"}
 
 
-def test_length_findings_judged_by_welch():
+def test_length_findings_judged_by_welch_and_oracle_length_paired():
   found = {f: (v, e) for f, v, e in verdicts.length_findings(fake_results.length_runs())}
   # (i) rel_kv (25, 27, 29) against abs (28, 29, 30): no significant gain.
   verdict, evidence = found["(i) rel_kv beats abs on test_long (Rosendahl et al. 2019)"]
   p = stats.ttest_ind([25.0, 27.0, 29.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
   assert verdict == "no" and evidence.endswith(f"p = {p:.2g}")
   assert found["(i) t5 beats abs on test_long (Rosendahl et al. 2019)"][0] == "not run"
-  # (ii) abs: oracle 62-64 vs 28-30 (exact +34, no spread): yes, half of the drop recovered;
-  # rel_kv: +0.5 only.
-  p = stats.ttest_ind([62.0, 63.0, 64.0], [28.0, 29.0, 30.0], equal_var=False).pvalue
-  # 95% interval: 34 ± t(0.975, df 4) * sqrt(2 / 3) = 34 ± 2.776 * 0.816
+  # (ii) abs: oracle 62-64 vs 28-30, run by run +34 exactly (paired: no spread): yes, half of
+  # the drop recovered; rel_kv: +0.5 only.
   assert found["(ii) abs: oracle length lifts test_long"] == (
-      "yes", "recovers 50% ± 0% of the drop; oracle 63.0 ± 1.0 vs 29.0 ± 1.0: "
-      f"+34.0 [+31.7, +36.3], p = {p:.2g}")
+      "yes", "recovers 50% ± 0% of the drop; oracle 63.0 ± 1.0 vs 29.0 ± 1.0, paired: "
+      "+34.0 [+34.0, +34.0], p = 0")
   assert found["(ii) rel_kv: oracle length lifts test_long"][0] == "no"
   # (iii) shape over abs: +12 on test_long at a cost of 6 on test.
   verdict, evidence = found["(iii) shape lifts test_long over abs"]
@@ -143,6 +141,21 @@ def test_length_findings_judged_by_welch():
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
   two_seeds = [r for r in fake_results.length_runs() if r["seed"] < 2]
   assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds", "not run"}
+
+
+def test_paired_t_test_against_scipy():
+  """One row decoded two ways: the runs' differences, not two independent samples."""
+  a, b = [30.0, 27.5, 33.0, 29.0], [28.0, 26.0, 30.5, 28.0]
+  c = verdicts.paired(a, b)
+  expected = stats.ttest_rel(a, b)
+  interval = expected.confidence_interval(0.95)
+  assert (c.difference, c.low, c.high, c.p) == pytest.approx(
+      (1.75, interval.low, interval.high, expected.pvalue))
+  assert c.p < verdicts.welch(a, b).p  # the spread between runs cancels
+  assert verdicts.paired([2.0, 3.0], [1.0, 2.0]) == (1.0, 1.0, 1.0, 0.0)
+  assert verdicts.paired([2.0, 3.0], [2.0, 3.0]) == (0.0, 0.0, 0.0, 1.0)
+  with pytest.raises(ValueError):
+    verdicts.paired([1.0, 2.0, 3.0], [1.0, 2.0])
 
 
 def test_a_mean_of_some_of_a_rows_runs_says_how_many():

@@ -1,13 +1,14 @@
 """The numbers and verdicts behind `table.md`, from the runs of `results.json`
 (`relpos.experiments.report.load_runs`): each row's per-seed values, their mean ± sample std,
-Welch's t-test of two rows, and the verdicts on the paper's findings (`findings`) and on the
-length table's (`length_findings`). `relpos.experiments.report` lays them out as markdown.
+Welch's t-test of two rows (a paired one of one row decoded two ways), and the verdicts on
+the paper's findings (`findings`) and on the length table's (`length_findings`).
+`relpos.experiments.report` lays them out as markdown.
 
 Values are lists with one entry per run (seed) of a (table, row): [runs].
 """
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from scipy import stats
@@ -143,9 +144,9 @@ def recovered_shares(runs: list[dict], test_split: str, long: str) -> list[float
 
 
 class Comparison(NamedTuple):
-  """Welch's t-test of mean(a) - mean(b)."""
+  """A t-test of mean(a) - mean(b): Welch's (`welch`) or paired (`paired`)."""
   difference: float
-  low: float  # 95% confidence interval of the difference (Welch-Satterthwaite df).
+  low: float  # 95% confidence interval of the difference.
   high: float
   p: float  # two-sided p-value.
 
@@ -167,11 +168,28 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Comparison:
                     float(2 * stats.t.sf(abs(difference) / se, df)))
 
 
-def judge(a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float) -> tuple[str, str]:
+def paired(a: Sequence[float], b: Sequence[float]) -> Comparison:
+  """Paired t-test of a[i] - b[i] (the same runs measured two ways), at least 2 pairs.
+
+  When the differences are constant they are exact: p = 1 if they are 0, else 0.
+  """
+  mean, std = mean_std([x - y for x, y in zip(a, b, strict=True)])
+  if std == 0:
+    return Comparison(mean, mean, mean, float(mean == 0))
+  se, df = std / math.sqrt(len(a)), len(a) - 1
+  half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
+  return Comparison(mean, mean - half_width, mean + half_width,
+                    float(2 * stats.t.sf(abs(mean) / se, df)))
+
+
+def judge(
+    a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float,
+    test: Callable[[Sequence[float], Sequence[float]], Comparison] = welch) -> tuple[str, str]:
   """Verdict and statistics of a prediction about mean(a) - mean(b).
 
   Args:
-    a, b: one value per seed.
+    a, b: one value per seed (by `test`: `welch` for two sets of runs, `paired` for one set
+      measured two ways, a[i] and b[i] of the same run).
     gap: True predicts a above b by at least `margin`, significantly ("yes" only then);
       False predicts a no worse than b by more than `margin` ("no" only when the data shows,
       significantly, a larger deficit).
@@ -183,7 +201,7 @@ def judge(a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float) -
   """
   if min(len(a), len(b)) < MIN_SEEDS:
     return "not enough seeds", ""
-  c = welch(a, b)
+  c = test(a, b)
   significant = c.p < ALPHA
   if gap:
     holds = significant and c.difference >= margin
@@ -278,7 +296,8 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
 
 
 def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
-  """The length table's findings, each judged by Welch's t-test over seeds (`judge`).
+  """The length table's findings, each judged by Welch's t-test over seeds, (ii) by a paired
+  one (`judge`).
 
   (i) each relative row beats abs on the long split (Rosendahl et al. 2019); (ii) per row,
   oracle length lifts the long split (with the share of the drop it recovers); (iii) each
@@ -294,12 +313,12 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   bleu = lambda row, split: bleu_values(runs, "length", row, split)
   out = []
 
-  def check(finding, a, b, *, gap, evidence, after=""):
+  def check(finding, a, b, *, gap, evidence, after="", test=welch):
     """Judges a against b (`judge`); evidence() describes them, `after` follows the test."""
     if not (a and b):
       out.append((finding, "not run", "–"))
       return
-    verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU)
+    verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU, test=test)
     out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "") + after))
 
   base = bleu("abs", long)
@@ -308,13 +327,15 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
     check(f"(i) {row} beats abs on {long} (Rosendahl et al. 2019)", values, base, gap=True,
           evidence=lambda: f"{row} {format_mean_std(values)} vs abs {format_mean_std(base)}")
   for row in rows_in_order(runs, "length"):
-    row_runs = runs_of_row(runs, "length", row)
-    oracle, plain = oracle_bleu(row_runs, long), bleu(row, long)
+    # The runs decoded both ways, paired run by run.
+    row_runs = [r for r in runs_of_row(runs, "length", row) if long in r.get("oracle_length", {})]
+    oracle = oracle_bleu(row_runs, long)
+    plain = [r["scores"][long]["bleu"] for r in row_runs]
     share = recovered_shares(row_runs, test_split, long)
     check(
-        f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True, evidence=lambda:
-        (f"recovers {format_percent(share)} of the drop; oracle "
-         f"{format_mean_std(oracle)} vs {format_mean_std(plain)}"))
+        f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True, test=paired,
+        evidence=lambda: (f"recovers {format_percent(share)} of the drop; oracle "
+                          f"{format_mean_std(oracle)} vs {format_mean_std(plain)}, paired"))
   for row, base_row in tables.LENGTH_BASES:
     a, b = bleu(row, long), bleu(base_row, long)
     cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)
