@@ -58,18 +58,21 @@ def max_decode_len(source_length: int, decode_config: ml_collections.ConfigDict,
   return min(2 * source_length + 10, model_max_len)
 
 
-def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
-                   batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str], batch_size: int,
+                   max_len: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """Tokenized sources in batches of similar length; none dropped or truncated.
 
   Args:
     tokenizer: encodes a text to ids ending with EOS.
     texts: the sources.
     batch_size: rows per batch (the last batch is filled with one-token EOS rows).
+    max_len: model.max_len: a batch whose sources fit it is padded no further (a learned
+      absolute table has no position beyond it).
 
   Yields:
     (example_index int32 [batch_size], -1 on filler rows;
-     inputs int32 [batch_size, length], length a multiple of LENGTH_BUCKET, PAD_ID padded).
+     inputs int32 [batch_size, length], length a multiple of LENGTH_BUCKET (or `max_len`),
+     PAD_ID padded).
   """
   encoded = [tokenizer.encode(text) for text in texts]
   order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
@@ -77,6 +80,8 @@ def source_batches(tokenizer: tokenizer_lib.Tokenizer, texts: Sequence[str],
     rows = order[start:start + batch_size]
     longest = max(len(encoded[i]) for i in rows)
     length = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
+    if max_len and longest <= max_len:
+      length = min(length, max_len)
     inputs = np.full((batch_size, length), tokenizer_lib.PAD_ID, np.int32)
     inputs[len(rows):, 0] = tokenizer_lib.EOS_ID
     for row, i in enumerate(rows):
@@ -112,7 +117,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
   cut, budgets = 0, set()
-  for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size):
+  for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size,
+                                              config.model.max_len):
     rows = {"inputs": inputs}
     budget = max_decode_len(inputs.shape[1], config.decode, config.model.max_len)
     if lengths is not None:  # filler rows: eos first

@@ -248,6 +248,28 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   assert (unmasked >= tokenizer.vocab_size).all()  # what the tokenizer would choke on
 
 
+def test_a_learned_absolute_table_translates_every_source_that_fits_it():
+  """Batches pad to a multiple of LENGTH_BUCKET, but never past model.max_len when their
+  sources fit it: a learned table as long as the source has no position for padding beyond."""
+  sentences = ["the dog sees the cat", "a small bird sings near the river"]
+  tokenizer = tokenizer_lib.train_tokenizer(sentences * 50, vocab_size=64, model_type="unigram",
+                                            seed=0)
+  text = " ".join(sentences * 2)
+  length = len(tokenizer.encode(text))
+  if length % evaluate.LENGTH_BUCKET == 0:
+    text, length = text + " a", len(tokenizer.encode(text + " a"))
+  _, inputs = next(evaluate.source_batches(tokenizer, [text], 1, max_len=length))
+  assert inputs.shape == (1, length)  # not padded to the next multiple of 16
+  _, inputs = next(evaluate.source_batches(tokenizer, [text], 1, max_len=length - 1))
+  assert inputs.shape[1] % evaluate.LENGTH_BUCKET == 0  # too long for it: padded as ever
+  config = tiny.get_config()
+  config.model.update(position="absolute", absolute_type="learned", max_len=length)
+  model = model_lib.build_model(run_config.validate(config).model, seed=0)
+  [translation] = evaluate.translate_texts(model, tokenizer, [text], config,
+                                           mesh=device_mesh.make_mesh())
+  assert isinstance(translation, str)
+
+
 def test_average_of_the_last_checkpoints(run, tmp_path):
   config, workdir, _ = run
   mesh = device_mesh.make_mesh()

@@ -34,8 +34,9 @@ class AbsolutePositionEncoding(nnx.Module):
     if self.table is None:
       return FIXED_ENCODINGS[self.absolute_type](positions, self.dim)
     if positions.shape[-1] > self.max_len:
-      raise ValueError(f"sequence length {positions.shape[-1]} exceeds model.max_len="
-                       f"{self.max_len} (the learned absolute table).")
+      raise ValueError(f"a sequence of {positions.shape[-1]} tokens is longer than the learned "
+                       f"absolute table (model.absolute_type='learned', model.max_len="
+                       f"{self.max_len}): set a larger model.max_len, or sinusoidal encodings.")
     return jnp.take(self.table[...], positions, axis=0)
 
 
