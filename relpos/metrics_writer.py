@@ -208,7 +208,7 @@ class MetricsWriter:
     json_files.write_text(self._path, "".join(json.dumps(r) + "\n" for r in kept))
     self._tensorboard = tensorboardX.SummaryWriter(
         os.path.join(workdir, workdir_files.TENSORBOARD_DIR),
-        purge_step=resume_step + 1 if resume_step else None)
+        purge_step=resume_step + 1)  # a start from 0 too: an earlier one may have logged
 
   def write(self, step: int, split: str, metrics: dict[str, Any]) -> None:
     """Writes one record {"step", "split", **metrics} as strict JSON (a NaN or infinite value

@@ -1,6 +1,7 @@
 """Tests for relpos.metrics_writer: records, a run's seconds over its starts, start records."""
 
 import json
+import time
 
 import pytest
 
@@ -111,6 +112,32 @@ def test_writer_drops_records_past_the_resume_step_and_writes_strict_json(tmp_pa
   assert [json.loads(line) for line in lines] == [{"step": 1, "split": "train", "loss": 1.0},
                                                   {"step": 2, "split": "train", "loss": 2.0},
                                                   {"step": 3, "split": "train", "loss": None}]
+
+
+def _tensorboard_purges(workdir) -> list[int]:
+  """The steps of the SessionLog START events in workdir/tensorboard (TensorBoard drops the
+  points an earlier start logged at or past each), read from the TFRecord event files."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  steps = []
+  for path in sorted((workdir / "tensorboard").iterdir()):
+    data = path.read_bytes()
+    while data:
+      length = int.from_bytes(data[:8], "little")  # then a CRC of 4 bytes
+      event = event_pb2.Event.FromString(data[12:12 + length])
+      data = data[12 + length + 4:]
+      if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+        steps.append(event.step)
+  return steps
+
+
+def test_tensorboard_drops_what_an_earlier_start_logged_past_the_resume_step(tmp_path):
+  """A start that saved no checkpoint, then one from step 0: metrics.jsonl keeps nothing of the
+  first, and neither does TensorBoard (it drew the first's points twice)."""
+  for resume_step in (0, 0, 2):
+    time.sleep(1.1)  # an event file is named by the second it was opened in
+    with metrics_writer.MetricsWriter(str(tmp_path), resume_step=resume_step) as writer:
+      writer.write(resume_step + 1, "train", {"loss": 1.0})
+  assert sorted(_tensorboard_purges(tmp_path)) == [1, 1, 3]
 
 
 def test_a_start_killed_while_dropping_records_keeps_the_history(tmp_path, monkeypatch):
