@@ -1,9 +1,10 @@
-"""JSON and text files written (or copied) whole or not at all, and JSON read with one-line
-errors."""
+"""JSON, text and binary files written (or copied) whole or not at all, and JSON read with
+one-line errors."""
 import contextlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,13 +12,16 @@ from typing import Any
 @contextlib.contextmanager
 def _replacing(path: str) -> Iterator[str]:
   """Yields a temporary path beside `path`, renamed to `path` once the block has written it
-  whole; removed if the block fails, so `path` keeps its old content."""
+  whole; removed if the block fails, so `path` keeps its old content. The temporary name is
+  the writer's own (host and process), so that processes on several hosts writing the same
+  file of a shared folder (a tokenizer, a download) never write into one temporary file."""
+  tmp = f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
   try:
-    yield path + ".tmp"
-    os.replace(path + ".tmp", path)
+    yield tmp
+    os.replace(tmp, path)
   finally:
-    if os.path.exists(path + ".tmp"):
-      os.remove(path + ".tmp")
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 def write_text(path: str, text: str) -> None:
@@ -25,6 +29,12 @@ def write_text(path: str, text: str) -> None:
   reader never sees half of it and a failed write leaves the old file."""
   with _replacing(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
     f.write(text)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes `data` to `path` whole or not at all (as `write_text`)."""
+  with _replacing(path) as tmp, open(tmp, "wb") as f:
+    f.write(data)
 
 
 def copy_file(source: str, path: str) -> None:

@@ -40,3 +40,24 @@ def test_copy_file_copies_the_bytes_and_a_failed_copy_leaves_the_old_file(tmp_pa
   json_files.copy_file(str(source), path)
   assert open(path, "rb").read() == b"\x89PNG\r\n\x00\xff"
   assert sorted(os.listdir(tmp_path)) == ["copy.png", "plot.png"]  # no temporary file left
+
+
+def test_writers_on_several_hosts_never_share_a_temporary_file(tmp_path, monkeypatch):
+  """Processes of two hosts (the same pid, as containers give) writing one file of a shared
+  folder each write their own temporary file, then rename it whole."""
+  path = str(tmp_path / "tokenizer.model")
+  seen = []
+  real_open = open
+
+  def recording_open(name, *args, **kwargs):
+    seen.append(os.path.basename(name))
+    return real_open(name, *args, **kwargs)
+
+  monkeypatch.setattr(json_files.os, "getpid", lambda: 1)
+  monkeypatch.setattr("builtins.open", recording_open)
+  for host in ("host-a", "host-b"):
+    monkeypatch.setattr(json_files.socket, "gethostname", lambda host=host: host)
+    json_files.write_bytes(path, host.encode())
+  assert seen == ["tokenizer.model.tmp.host-a.1", "tokenizer.model.tmp.host-b.1"]
+  monkeypatch.undo()
+  assert open(path, "rb").read() == b"host-b" and os.listdir(tmp_path) == ["tokenizer.model"]

@@ -153,4 +153,4 @@ def test_a_start_killed_while_dropping_records_keeps_the_history(tmp_path, monke
   with pytest.raises(KeyboardInterrupt):
     metrics_writer.MetricsWriter(str(tmp_path), resume_step=2)
   assert (tmp_path / "metrics.jsonl").read_text() == before
-  assert not (tmp_path / "metrics.jsonl.tmp").exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "tensorboard"]

@@ -19,6 +19,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 from absl import logging
 
+from relpos import json_files
 from relpos.data import datasets
 
 LANGUAGES = ("en", "de", "fr", "cs")
@@ -121,10 +122,7 @@ def download(url_base: str, directory: str, languages: tuple[str, str]) -> str:
           logging.info("Multi30K: %s is not on the server; split %s is left out.", url, split)
           continue
         raise FileNotFoundError(f"could not download Multi30K file {url}: {e}") from e
-      tmp = f"{path}.tmp{os.getpid()}"
-      with open(tmp, "wb") as f:
-        f.write(data)
-      os.replace(tmp, path)
+      json_files.write_bytes(path, data)
   return directory
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 import sentencepiece as spm
 from absl import logging
 
+from relpos import json_files
+
 PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
@@ -141,10 +143,7 @@ def load_or_train_tokenizer(path: str, sentences: Iterable[str], *, vocab_size: 
   if not os.path.exists(path):
     tokenizer = train_tokenizer(sentences, vocab_size=vocab_size, model_type=model_type, seed=seed)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-      f.write(tokenizer.model_proto())
-    os.replace(tmp, path)
+    json_files.write_bytes(path, tokenizer.model_proto())
   with open(path, "rb") as f:
     proto = f.read()
   try:
