@@ -69,8 +69,16 @@ def stacked_batch(steps: steps_lib.Steps,
   one global batch [seeds, rows, length] per key (one transfer a key, as `Steps.global_batch`
   makes for one seed)."""
   sharding = seeds_batch_sharding(steps)
-  stacked = {k: np.stack([np.asarray(b[k]) for b in local_batches]) for k in pipeline.BATCH_KEYS}
+  stacked = {k: padded_stack([b[k] for b in local_batches]) for k in pipeline.BATCH_KEYS}
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in stacked.items()}
+
+
+def padded_stack(arrays: Sequence[np.ndarray]) -> np.ndarray:
+  """Batches [rows, length_s] -> [seeds, rows, max length], each padded with 0 at the end (the
+  pipeline's padding: PAD_ID tokens, position 0, segment 0). Unpacked batches are padded to
+  their own longest example, so the seeds' batches of one step may differ in length."""
+  length = max(a.shape[1] for a in arrays)
+  return np.stack([np.pad(np.asarray(a), ((0, 0), (0, length - a.shape[1]))) for a in arrays])
 
 
 def stack(trees: Sequence[Any]) -> Any:

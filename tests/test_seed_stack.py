@@ -160,3 +160,15 @@ def test_a_seed_stopped_early_stays_stopped_when_the_stack_resumes(data_dir, tmp
   assert [(r["step"], r["early_stopped"]) for r in again] == [(8, True), (10, False)]
   assert metrics_writer.read_metrics(folders[0]) == records and saved_steps(folders[0]) == [4, 6, 8]
   assert next(losses[0]) == 1.0 and max(saved_steps(folders[1])) == 10
+
+
+def test_unpacked_batches_of_different_lengths_stack_padded():
+  """Unpacked, each seed's batch is padded to its own longest example: one step may hold a
+  [2, 16] and a [2, 32] batch, stacked as padding (0) to the longer."""
+  short = np.array([[5, 6, 1] + [0] * 13, [7, 1] + [0] * 14], np.int32)
+  long = np.arange(1, 65, dtype=np.int32).reshape(2, 32)
+  stacked = seed_stack.padded_stack([short, long])
+  assert stacked.shape == (2, 2, 32) and stacked.dtype == np.int32
+  np.testing.assert_array_equal(stacked[0, :, :16], short)
+  assert not stacked[0, :, 16:].any()
+  np.testing.assert_array_equal(stacked[1], long)
