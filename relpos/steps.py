@@ -116,7 +116,7 @@ def train_step(state: train_state.TrainState, batch: Batch, *, graphdef: nnx.Gra
   updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
   param_norm = optax.global_norm(params)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+  finite = update_is_finite(loss, grad_norm, param_norm, None)  # else the update is skipped
   keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
   new_state = {
       "step": state["step"] + 1, "rng": rng, "params": keep_if_finite(params, state["params"]),
@@ -126,12 +126,24 @@ def train_step(state: train_state.TrainState, batch: Batch, *, graphdef: nnx.Gra
   if loss_scale is not None:
     new_state["loss_scale"] = train_state.update_loss_scale(state["loss_scale"],
                                                             jnp.isfinite(grad_norm))
-    # An overflow of the scaled gradient only lowers the scale.
-    finite = jnp.isfinite(loss) & (jnp.isfinite(param_norm) | ~jnp.isfinite(grad_norm))
   return new_state, {
       "loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
-      "finite": finite.astype(jnp.float32)
+      "finite": update_is_finite(loss, grad_norm, param_norm, loss_scale).astype(jnp.float32)
   }
+
+
+def update_is_finite(loss: jax.Array, grad_norm: jax.Array, param_norm: jax.Array,
+                     loss_scale: jax.Array | None) -> jax.Array:
+  """Whether a step's update counts as finite (the recorder raises or skips on one that is
+  not): its loss, gradient and updated parameters are finite, except that a float16 gradient
+  that overflowed under a loss scale above 1 only lowers the scale. At the scale's floor (1,
+  nothing scaled) a non-finite gradient is the model's own: it counts, or every later step
+  would be skipped without a word."""
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(param_norm)
+  if loss_scale is None:
+    return finite
+  overflow = ~jnp.isfinite(grad_norm) & (loss_scale > 1.0)
+  return finite | (jnp.isfinite(loss) & overflow)
 
 
 def eval_step(state: train_state.TrainState, batch: Batch, *,

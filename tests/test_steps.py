@@ -128,3 +128,17 @@ def test_micro_batches_keep_each_devices_rows():
   rows = np.arange(8)[:, None] * np.ones((1, 3), np.int32)
   split = np.asarray(steps_lib.micro_batches({"inputs": jnp.asarray(rows)}, 2)["inputs"])[..., 0]
   np.testing.assert_array_equal(split, [[0, 2, 4, 6], [1, 3, 5, 7]])
+
+
+def test_a_non_finite_float16_gradient_counts_once_the_loss_scale_is_at_its_floor():
+  """Above the floor an overflow only lowers the scale; at 1, nothing is scaled, so the
+  gradient is the model's own and the step counts as non-finite (else float16 training would
+  skip every later step without a word)."""
+  inf, one = jnp.array(jnp.inf), jnp.array(1.0)
+  is_finite = lambda grad_norm, param_norm, scale, loss=one: bool(
+      steps_lib.update_is_finite(loss, grad_norm, param_norm, scale))
+  assert is_finite(inf, inf, jnp.array(2.0**15))  # an overflow
+  assert not is_finite(inf, inf, jnp.array(1.0))
+  assert not is_finite(one, inf, jnp.array(2.0**15))  # the update itself blew up
+  assert not is_finite(inf, inf, jnp.array(2.0**15), loss=inf)
+  assert is_finite(one, one, None) and not is_finite(inf, inf, None)
