@@ -9,9 +9,8 @@ complete, so a kill mid-write leaves the previous steps intact):
   metrics/  JSON validation metrics ("bleu", "loss", ...) of the checkpoints taken at an
             evaluation; the best BLEU (or, without BLEU, lowest loss) is kept
 
-Nothing is pickled. The manager keeps the last `keep` checkpoints plus the best one.
-
-A checkpoint whose files are missing, truncated or unreadable is "damaged"
+Nothing is pickled. The manager keeps the last `keep` checkpoints plus the best one. A
+checkpoint whose files are missing, truncated or unreadable is "damaged"
 (`DamagedCheckpointError`, naming the file or the read that failed); `restore_newest` skips
 such checkpoints for the newest one that restores. Restore targets carry the shardings of the
 current mesh, so a checkpoint written on any number of devices restores on any other.
@@ -234,12 +233,20 @@ def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -
       raise DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
 
 
+# What reading a checkpoint may raise that says nothing of its files (a network folder's
+# timeout, no permission, no memory): set aside for it, a healthy newest checkpoint would be
+# replaced by an older one for a fault a second try does not have (`_reading`).
+NOT_DAMAGE = (TimeoutError, ConnectionError, PermissionError, MemoryError)
+
+
 @contextlib.contextmanager
 def _reading(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
   """Turns what reading a damaged checkpoint raises (tensorstore, orbax, grain: of many types)
-  into a DamagedCheckpointError that keeps the first line of the cause."""
+  into a DamagedCheckpointError that keeps the first line of the cause; `NOT_DAMAGE` passes."""
   try:
     yield
+  except NOT_DAMAGE:
+    raise
   except Exception as e:  # pylint: disable=broad-exception-caught
     raise DamagedCheckpointError(f"checkpoint {step_dir(manager, step)} is damaged: reading it "
                                  f"failed: {short_cause(e).rstrip('.')}.") from e
@@ -264,10 +271,8 @@ def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
 
 def restore_newest(manager: ocp.CheckpointManager,
                    restore_step: Callable[[int], Restored]) -> tuple[int, Restored, list[int]]:
-  """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones.
-
-  A checkpoint whose folder vanishes while it is read (removed by a run training in the
-  workdir meanwhile) is skipped with a one-line warning naming it.
+  """Restores the newest checkpoint that restores, skipping (with a warning) damaged ones and
+  ones whose folder vanishes while read (removed by a run training in the workdir meanwhile).
 
   Args:
     manager: from `make_manager`.

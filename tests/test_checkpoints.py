@@ -123,6 +123,22 @@ def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, referen
   assert_same_run(workdir, reference)
 
 
+def test_a_fault_of_the_machine_is_not_damage(reference, data_dir, tmp_path, monkeypatch):
+  """A timeout reading a network folder says nothing of the checkpoint: it stops the run
+  (run again, it resumes), where damage would set the newest checkpoint aside."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+
+  def timed_out(*args, **kwargs):
+    raise TimeoutError("read of checkpoints/30/state timed out")
+
+  monkeypatch.setattr(checkpoints.ocp.CheckpointManager, "restore", timed_out)
+  with pytest.raises(TimeoutError, match="timed out"):
+    train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
+  assert not os.path.exists(os.path.join(workdir, workdir_files.DAMAGED_DIR))
+  assert "30" in os.listdir(checkpoints.checkpoint_dir(workdir))
+
+
 @pytest.mark.parametrize("kind", ["truncated_metadata", "missing_array_files", "empty_step_folder"])
 def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir, tmp_path, caplog):
   workdir = str(tmp_path / "run")
