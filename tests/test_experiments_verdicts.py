@@ -162,3 +162,10 @@ def test_a_mean_of_some_of_a_rows_runs_says_how_many():
   assert verdicts.format_mean_std_of([40.0, 42.0], 3) == "41.0 ± 1.4 (2 of 3 runs)"
   assert verdicts.format_mean_std_of([40.0, 42.0, 41.0], 3) == "41.0 ± 1.0"
   assert verdicts.format_mean_std_of([], 3) == "–"
+
+
+def test_p_values_never_round_across_the_significance_level():
+  assert verdicts.format_p(0.0496) == "0.0496"  # 0.05 would read as not below it
+  assert verdicts.format_p(0.0504) == "0.05"  # not below the level, as its p
+  assert verdicts.format_p(0.062) == "0.062" and verdicts.format_p(6.6e-05) == "6.6e-05"
+  assert verdicts.format_p(0.5) == "0.5" and verdicts.format_p(1.0) == "1"

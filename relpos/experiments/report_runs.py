@@ -63,6 +63,11 @@ def _which_runs(held: list[dict], num_runs: int) -> str:
       f"{row} seed{'s' * (len(seeds) > 1)} {', '.join(seeds)}" for row, seeds in by_row.items())
 
 
+def _bootstrap_cell(comparison: dict) -> str:
+  """"+1.2 (p = 0.031)": a run against its seed's baseline by paired bootstrap."""
+  return f"{comparison['difference']:+.1f} (p = {verdicts.format_p(comparison['p_value'])})"
+
+
 def _has_field(config: dict, field: str) -> bool:
   """Whether the saved `config` holds the dotted `field` (configs saved before a field existed
   lack it)."""
@@ -161,10 +166,8 @@ def _paired_lines(table_runs: list[dict], table: str) -> list[str]:
           for r in table_runs
           if r["row"] == row and split in r.get("paired_bootstrap", {})
       }
-      cells.append([row] + [
-          f"{by_seed[seed]['difference']:+.1f} (p = {by_seed[seed]['p_value']:.2g})" if seed in
-          by_seed else "–" for seed in seeds
-      ])
+      cells.append([row] +
+                   [_bootstrap_cell(by_seed[seed]) if seed in by_seed else "–" for seed in seeds])
     lines += [f"{split}:", "", *markdown.table(["row"] + [f"seed {s}" for s in seeds], cells), ""]
   return lines
 

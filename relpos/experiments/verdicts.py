@@ -182,6 +182,13 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Comparison:
                     float(2 * stats.t.sf(abs(mean) / se, df)))
 
 
+def format_p(p: float) -> str:
+  """p to 2 significant digits, or 3 where 2 would round it across ALPHA (0.0496 reads 0.0496,
+  not 0.05 beside a "yes")."""
+  text = f"{p:.2g}"
+  return text if (float(text) < ALPHA) == (p < ALPHA) else f"{p:.3g}"
+
+
 def judge(
     a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float,
     test: Callable[[Sequence[float], Sequence[float]], Comparison] = welch) -> tuple[str, str]:
@@ -208,7 +215,7 @@ def judge(
   else:
     holds = not (significant and c.difference < -margin)
   return ("yes" if holds else "no",
-          f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {c.p:.2g}")
+          f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}")
 
 
 def _extreme_rows(rows: dict[str, list[float]]) -> tuple[str, str]:
@@ -353,4 +360,4 @@ def _cost(a: Sequence[float], b: Sequence[float], split: str) -> str:
   if min(len(a), len(b)) < MIN_SEEDS:
     return f"{split} {mean_std(a)[0] - mean_std(b)[0]:+.1f}"
   c = welch(a, b)
-  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {c.p:.2g}"
+  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}"
