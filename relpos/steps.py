@@ -117,18 +117,21 @@ def train_step(state: train_state.TrainState, batch: Batch, *, graphdef: nnx.Gra
   params = optax.apply_updates(state["params"], updates)
   param_norm = optax.global_norm(params)
   finite = update_is_finite(loss, grad_norm, param_norm, None)  # else the update is skipped
+  # A skip that train.nonfinite rules on (not a float16 loss-scale overflow): `num_skipped`
+  # counts these alone, as the recorder does, so a resumed run counts as an uninterrupted one.
+  counted = update_is_finite(loss, grad_norm, param_norm, loss_scale)
   keep_if_finite = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
   new_state = {
       "step": state["step"] + 1, "rng": rng, "params": keep_if_finite(params, state["params"]),
       "opt_state": keep_if_finite(opt_state, state["opt_state"]),
-      "num_skipped": state["num_skipped"] + (~finite).astype(jnp.int32)
+      "num_skipped": state["num_skipped"] + (~counted).astype(jnp.int32)
   }
   if loss_scale is not None:
     new_state["loss_scale"] = train_state.update_loss_scale(state["loss_scale"],
                                                             jnp.isfinite(grad_norm))
   return new_state, {
       "loss": loss, "grad_norm": grad_norm, "param_norm": param_norm,
-      "finite": update_is_finite(loss, grad_norm, param_norm, loss_scale).astype(jnp.float32)
+      "finite": counted.astype(jnp.float32)
   }
 
 

@@ -5,7 +5,8 @@ The train state is a dict of pure pytrees, the layout checkpoints hold:
   params       the model's nnx.Param values (nested dict)
   rng          the model's RNG streams (nnx.RngState: dropout key and count)
   opt_state    optax state
-  num_skipped  int32 []: updates skipped for a non-finite loss or gradient
+  num_skipped  int32 []: updates skipped for a non-finite loss, gradient or update (a float16
+               loss-scale overflow, which only lowers the scale, not counted)
   loss_scale   only under model.dtype='float16': {"scale": float32 [], "good_steps": int32 []},
                the dynamic loss scale (see `update_loss_scale`)
 

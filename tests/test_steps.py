@@ -142,3 +142,20 @@ def test_a_non_finite_float16_gradient_counts_once_the_loss_scale_is_at_its_floo
   assert not is_finite(one, inf, jnp.array(2.0**15))  # the update itself blew up
   assert not is_finite(inf, inf, jnp.array(2.0**15), loss=inf)
   assert is_finite(one, one, None) and not is_finite(inf, inf, None)
+
+
+def test_a_float16_overflow_halves_the_scale_and_is_not_counted_as_skipped():
+  """The recorder counts skips that train.nonfinite rules on; the state's count agrees, so a
+  resumed float16 run reaches max_skipped_fraction where an uninterrupted one would."""
+  config = tiny.get_config()
+  config.model.dtype = "float16"
+  batch = _random_batch(np.random.default_rng(1), 8, 16, config.task.vocab_size)
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  steps = steps_lib.get_steps(mesh, run_config.validate(config).model, config.train)
+  state = steps.init(0)
+  state["loss_scale"]["scale"] = jnp.asarray(2.0**100, jnp.float32)  # overflows float16
+  before = jax.device_get(state["params"])
+  state, metrics = steps.train(state, steps.global_batch(batch))
+  assert not np.isfinite(float(metrics["grad_norm"])) and float(metrics["finite"]) == 1.0
+  assert int(state["num_skipped"]) == 0 and float(state["loss_scale"]["scale"]) == 2.0**99
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state["params"]), before)
