@@ -2,6 +2,9 @@
 training and evaluation of a whole run: tests/test_experiments_runner.py)."""
 import json
 
+import pytest
+
+from relpos import checkpoints
 from relpos import workdir_files
 from relpos.experiments import single_run
 
@@ -23,3 +26,12 @@ def test_validation_curve_and_training_speed_from_the_metrics(tmp_path):
 def test_every_dataset_has_its_evaluation_splits():
   assert set(single_run.EVAL_SPLITS) == {"synthetic", "multi30k", "wmt14"}
   assert all(splits for splits in single_run.EVAL_SPLITS.values())
+
+
+def test_a_stop_during_a_checkpoint_read_is_a_stop_not_damage():
+  """SIGTERM during the final evaluation raises StopRequested wherever it lands; in a
+  checkpoint read, whose errors become DamagedCheckpointError, it must stay a stop (else a
+  healthy checkpoint is reported damaged, or 'latest' falls back to an older one)."""
+  with pytest.raises(single_run.StopRequested):
+    with checkpoints._reading(None, 30):  # pylint: disable=protected-access
+      single_run._raise_stop("SIGTERM")  # pylint: disable=protected-access

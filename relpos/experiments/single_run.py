@@ -152,8 +152,10 @@ def evaluate_run(workdir: str) -> dict[str, Any]:
   }
 
 
-class StopRequested(Exception):
-  """SIGTERM arrived while a run was being evaluated (after its training was saved)."""
+class StopRequested(BaseException):
+  """SIGTERM arrived while a run was being evaluated (after its training was saved). Not an
+  Exception: raised from the signal handler wherever evaluation is, it must pass the
+  `except Exception` of what it interrupts (a checkpoint read would call it damage)."""
 
 
 def _raise_stop(_: str) -> None:
