@@ -314,7 +314,13 @@ def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Ste
 
 
 def check_interrupted(preemption: Preemption, runs: list[Run]) -> None:
-  """Raises KeyboardInterrupt (naming what `runs` saved) when `preemption` caught SIGINT."""
+  """Raises KeyboardInterrupt (naming what `runs` saved) when `preemption` caught SIGINT; marks
+  `runs` preempted when it caught SIGTERM, also one that came during the last step's
+  validation or save, after the loop last asked (the runs are saved: their callers stop, where
+  a table would go on to their final evaluation)."""
+  if preemption.signal == "SIGTERM":
+    for run in runs:
+      run.result["preempted"] = True
   if preemption.signal == "SIGINT":
     saved = ", ".join(f"step {r.result['step']} to {r.opened.manager.directory}" for r in runs)
     raise KeyboardInterrupt(f"saved {saved}; run the same command again to resume.")

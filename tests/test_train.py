@@ -3,6 +3,7 @@ import json
 import os
 import re
 import shutil
+import signal
 
 import jax
 import numpy as np
@@ -129,6 +130,22 @@ def test_a_start_that_saved_no_checkpoint_binds_no_tokenizer(data_dir, tmp_path)
   result = train.train_and_evaluate(tiny_config(data_dir, num_steps=2), workdir)
   assert result["step"] == 2
   assert metrics_writer.read_starts(workdir)[-1]["tokenizer_sha256"] != "0" * 64
+
+
+def test_sigterm_during_the_last_steps_save_is_reported(data_dir, tmp_path, monkeypatch):
+  """The loop asks whether to stop before a step's validation and save; a SIGTERM during the
+  last one's was saved by them, and is still reported preempted (a table would otherwise go
+  on to the run's final evaluation)."""
+  save = checkpoints.save
+
+  def save_then_terminated(manager, state, *args, **kwargs):
+    save(manager, state, *args, **kwargs)
+    if int(state["step"]) == 2:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(checkpoints, "save", save_then_terminated)
+  result = train.train_and_evaluate(tiny_config(data_dir, num_steps=2), str(tmp_path / "run"))
+  assert result["step"] == 2 and result["preempted"]
 
 
 def test_invalid_config_stops_before_any_work(data_dir, tmp_path):
