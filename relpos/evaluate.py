@@ -39,6 +39,7 @@ from relpos import evaluation_files
 from relpos import metrics_writer
 from relpos import run_config
 from relpos import scoring
+from relpos import user_modules
 from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.data import tokenizer as tokenizer_lib
@@ -370,6 +371,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
                      f"'average:<N>' with N >= 2.")
   task = pipeline.get_task(config.task)
   metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
+  user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), config.model.position,
+                                      "evaluating with the file as it is")
   if split is not None and split not in task.splits:
     raise ValueError(f"split={split!r} is not a split of task {config.task.name!r}; "
                      f"allowed: {', '.join(task.splits)}.")

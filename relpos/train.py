@@ -87,22 +87,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     config = run_config.validate(config)
   steps = steps_lib.get_steps(device_mesh.make_mesh(), config.model, config.train)
   with open_workdir(config, workdir, steps) as opened:
-    _warn_of_edited_variant(workdir, config.model.position)
+    user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), config.model.position,
+                                        "resuming with the file as it is")
     metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit(),
                                 user_modules.variant_code(config.model.position),
                                 tokenizer_sha256=opened.task.tokenizer.sha256())
     return _train_loop(config, workdir, steps, opened, started)
-
-
-def _warn_of_edited_variant(workdir: str, position: str) -> None:
-  """Warns when the file of a user's position variant differs from the one the run's last
-  start ran (its checkpoints were trained by the earlier code); a table refuses such a run."""
-  change = user_modules.variant_code_change(metrics_writer.read_starts(workdir), position)
-  if change is not None:
-    logging.warning(
-        "%s was edited since this run's last start (sha256 %s, now %s): its checkpoints were "
-        "trained by the earlier code of position variant %r.", change[1]["file"], change[0][:12],
-        change[1]["sha256"][:12], position)
 
 
 class Opened(NamedTuple):

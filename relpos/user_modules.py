@@ -148,6 +148,18 @@ def variant_code_change(starts: Sequence[dict[str, Any]],
   return None if recorded[-1] == now["sha256"] else (recorded[-1], now)
 
 
+def warn_of_edited_variant(starts: Sequence[dict[str, Any]], position: str, doing: str) -> None:
+  """Warns when the file of a user's position variant differs from the one a run's last start
+  ran (`variant_code_change`: its checkpoints were trained by the earlier code), saying what
+  the caller is `doing` with it; a table refuses such a run."""
+  change = variant_code_change(starts, position)
+  if change is not None:
+    logging.warning(
+        "%s was edited since this run's last start (sha256 %s, now %s): its checkpoints were "
+        "trained by the earlier code of position variant %r; %s.", change[1]["file"],
+        change[0][:12], change[1]["sha256"][:12], position, doing)
+
+
 def import_recorded(workdir: str) -> None:
   """Imports the modules a run recorded in `workdir/imports.json` (none without the file),
   refusing any that lies inside the workdir. A recorded .py file that no longer exists is

@@ -189,6 +189,19 @@ def test_a_run_evaluated_with_another_tokenizer_is_refused_before_restoring(
   assert not os.path.exists(os.path.join(copy, "eval"))
 
 
+def test_evaluating_after_the_variants_file_was_edited_warns(run, tmp_path, monkeypatch, caplog):
+  """eval.py runs the variant's file as it is now; its checkpoints were trained by another."""
+  _, workdir, _ = run
+  copy = str(tmp_path / "run")
+  shutil.copytree(workdir, copy)
+  metrics_writer.record_start(copy, 300, "abc1234", {"file": "/x/mine.py", "sha256": "a" * 64})
+  monkeypatch.setattr(evaluate.user_modules, "variant_code",
+                      lambda position: {"file": "/x/mine.py", "sha256": "b" * 64})
+  evaluate.evaluate_checkpoint(copy, split="validation", output_dir=str(tmp_path / "eval"))
+  assert ("/x/mine.py was edited since this run's last start (sha256 aaaaaaaaaaaa, now "
+          "bbbbbbbbbbbb)") in caplog.text and "evaluating with the file as it is" in caplog.text
+
+
 def test_workdir_without_checkpoint(run, tmp_path):
   _, workdir, _ = run
   os.symlink(os.path.join(workdir, "config.json"), tmp_path / "config.json")

@@ -227,19 +227,3 @@ def test_a_checkpoints_file_stops_training_and_evaluation_before_any_step(data_d
   run_config.write_to(run_config.validate(tiny_config(data_dir)), workdir)
   with pytest.raises(ValueError, match=message):
     evaluate.evaluate_checkpoint(workdir, split="validation")
-
-
-def test_resuming_after_the_variants_file_was_edited_warns(tmp_path, monkeypatch, caplog):
-  """The checkpoints were trained by the earlier code: train.py says so (a table refuses)."""
-  workdir = str(tmp_path)
-  metrics_writer.record_start(workdir, 0, "abc", {"file": "/x/mine.py", "sha256": "a" * 64})
-  monkeypatch.setattr(train.user_modules, "variant_code",
-                      lambda position: {"file": "/x/mine.py", "sha256": "b" * 64})
-  train._warn_of_edited_variant(workdir, "mine")  # pylint: disable=protected-access
-  assert ("/x/mine.py was edited since this run's last start (sha256 aaaaaaaaaaaa, now "
-          "bbbbbbbbbbbb): its checkpoints were trained by the earlier code of position variant "
-          "'mine'.") in caplog.text
-  caplog.clear()
-  metrics_writer.record_start(workdir, 4, "abc", {"file": "/x/mine.py", "sha256": "b" * 64})
-  train._warn_of_edited_variant(workdir, "mine")  # pylint: disable=protected-access
-  assert "was edited" not in caplog.text

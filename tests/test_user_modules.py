@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from relpos import metrics_writer
 from relpos import user_modules
 from relpos import variants
 from relpos import workdir_files
@@ -99,3 +100,20 @@ def test_a_recorded_module_that_moved_is_taken_from_import_or_named(tmp_path, mo
   user_modules.import_recorded(str(workdir))
   assert sys.modules["moved_variant"].HERE
   assert f"the run's module {old} no longer exists; using {new}, given with --import" in caplog.text
+
+
+def test_a_variants_file_edited_since_the_last_start_is_warned_of(tmp_path, monkeypatch, caplog):
+  """The checkpoints were trained by the earlier code: train.py and eval.py say so (a table
+  refuses)."""
+  workdir = str(tmp_path)
+  metrics_writer.record_start(workdir, 0, "abc", {"file": "/x/mine.py", "sha256": "a" * 64})
+  monkeypatch.setattr(user_modules, "variant_code",
+                      lambda position: {"file": "/x/mine.py", "sha256": "b" * 64})
+  user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), "mine", "resuming")
+  assert ("/x/mine.py was edited since this run's last start (sha256 aaaaaaaaaaaa, now "
+          "bbbbbbbbbbbb): its checkpoints were trained by the earlier code of position variant "
+          "'mine'; resuming.") in caplog.text
+  caplog.clear()
+  metrics_writer.record_start(workdir, 4, "abc", {"file": "/x/mine.py", "sha256": "b" * 64})
+  user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), "mine", "resuming")
+  assert "was edited" not in caplog.text
