@@ -38,6 +38,18 @@ def test_environment_splits_the_memory_and_makes_the_source_importable(monkeypat
   assert env["PYTHONPATH"] == os.pathsep.join(["/src", "/elsewhere"])
 
 
+def test_the_table_leaves_the_accelerator_to_its_children(monkeypatch):
+  """With --parallel > 1 the table's own JAX calls (locks, the environment record) preallocate
+  nothing; each child preallocates its share, or as the user's environment says."""
+  monkeypatch.delenv(children.PREALLOCATE, raising=False)
+  monkeypatch.setattr(children, "_USERS_PREALLOCATE", None)
+  children.free_accelerator_memory()
+  assert os.environ[children.PREALLOCATE] == "false"
+  assert children.PREALLOCATE not in children.environment(2, "/src")  # XLA's default: true
+  monkeypatch.setattr(children, "_USERS_PREALLOCATE", "false")  # the user's choice stays
+  assert children.environment(2, "/src")[children.PREALLOCATE] == "false"
+
+
 class _Run:
   def __init__(self, name: str, log: str):
     self.name, self.log = name, log

@@ -24,6 +24,18 @@ from relpos.experiments import tied
 # The share of the accelerator's memory the children split evenly.
 MEMORY_FRACTION = 0.9
 POLL_SECONDS = 0.5
+# XLA's preallocation switch as the user's environment set it (before `free_accelerator_memory`
+# changed this process's): the children get it back.
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+_USERS_PREALLOCATE = os.environ.get(PREALLOCATE)
+
+
+def free_accelerator_memory() -> None:
+  """Keeps this process, the table's (with --parallel > 1 it trains nothing), from reserving
+  the accelerator's memory: XLA preallocates 75% of a GPU's at a process's first JAX call (a
+  lock, the environment record), and the children, each preallocating its share
+  (`environment`), would then start out of memory. Call before any JAX call."""
+  os.environ[PREALLOCATE] = "false"
 
 
 def environment(parallel: int, source_root: str) -> dict[str, str]:
@@ -36,6 +48,9 @@ def environment(parallel: int, source_root: str) -> dict[str, str]:
   fragment). On CPU the variable changes nothing.
   """
   env = dict(os.environ)
+  env.pop(PREALLOCATE, None)  # the user's own, not the table's (`free_accelerator_memory`)
+  if _USERS_PREALLOCATE is not None:
+    env[PREALLOCATE] = _USERS_PREALLOCATE
   env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{MEMORY_FRACTION / parallel:.3f}"
   env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH")) if p)
   return env

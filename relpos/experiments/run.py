@@ -152,6 +152,9 @@ def main(argv: Sequence[str]) -> None:
     print(cli.run(argv, report))
     return
 
+  if _PARALLEL.value > 1:
+    children.free_accelerator_memory()  # before any JAX call
+
   def table() -> dict[str, object]:
     return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
                             output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
