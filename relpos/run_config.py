@@ -244,7 +244,9 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
   Raises:
     ValueError: for a field the config lacks, or a value of another type than the field's.
   """
-  def check_has(section: ml_collections.ConfigDict, part: str, name: str) -> None:
+  def check_has(section: Any, part: str, name: str, prefix: str) -> None:
+    if not isinstance(section, ml_collections.ConfigDict):  # `seed.x`: a value has no fields
+      raise ValueError(f"override {name!r}: {prefix} is a value, not a section of fields.")
     if part not in section:
       close = fields.close_names(part, list(section))
       raise ValueError(
@@ -253,10 +255,10 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
   for name, value in dotted.items():
     parent = config
     *path, leaf = name.split(".")
-    for part in path:
-      check_has(parent, part, name)
+    for depth, part in enumerate(path):
+      check_has(parent, part, name, ".".join(path[:depth]))
       parent = parent[part]
-    check_has(parent, leaf, name)
+    check_has(parent, leaf, name, ".".join(path))
     try:
       parent[leaf] = value
     except TypeError:  # ConfigDict refuses a value of another type

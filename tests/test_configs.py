@@ -96,6 +96,10 @@ def test_a_row_sets_task_fields_and_overrides_come_after_it():
     run_config.set_fields(config, {"task.concat": 0.5})
   with pytest.raises(ValueError, match="holds int values"):
     run_config.set_fields(config, {"train.num_steps": "many"})
+  for name, value in (("seed.x", "seed"), ("train.num_steps.x.x", "train.num_steps")):
+    with pytest.raises(ValueError) as raised:  # a TypeError's traceback until now
+      run_config.set_fields(config, {name: 1})
+    assert str(raised.value) == f"override {name!r}: {value} is a value, not a section of fields."
   for row, base in tables.LENGTH_BASES:
     assert {row, base} <= set(tables.LENGTH_ROWS)
 
