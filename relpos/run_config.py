@@ -259,11 +259,14 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
       check_has(parent, part, name, ".".join(path[:depth]))
       parent = parent[part]
     check_has(parent, leaf, name, ".".join(path))
+    wrong_type = ValueError(f"override {name}={value!r}: the field holds "
+                            f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.")
+    if isinstance(value, bool) and not isinstance(parent[leaf], (bool, type(None))):
+      raise wrong_type  # ConfigDict would store True as 1.0 in a float field
     try:
       parent[leaf] = value
     except TypeError:  # ConfigDict refuses a value of another type
-      raise ValueError(f"override {name}={value!r}: the field holds "
-                       f"{type(parent[leaf]).__name__} values, e.g. {parent[leaf]!r}.") from None
+      raise wrong_type from None
 
 
 def replace(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:

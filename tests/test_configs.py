@@ -96,6 +96,8 @@ def test_a_row_sets_task_fields_and_overrides_come_after_it():
     run_config.set_fields(config, {"task.concat": 0.5})
   with pytest.raises(ValueError, match="holds int values"):
     run_config.set_fields(config, {"train.num_steps": "many"})
+  with pytest.raises(ValueError, match=r"concat_probability=True: the field holds float values"):
+    run_config.set_fields(config, {"task.concat_probability": True})  # not 1.0
   for name, value in (("seed.x", "seed"), ("train.num_steps.x.x", "train.num_steps")):
     with pytest.raises(ValueError) as raised:  # a TypeError's traceback until now
       run_config.set_fields(config, {name: 1})
