@@ -162,10 +162,7 @@ def main(argv: Sequence[str]) -> None:
                             retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value,
                             restore_from=_RESTORE_FROM.value, publish_to=_PUBLISH_TO.value)
 
-  try:
-    outputs = cli.run(argv, table)
-  except KeyboardInterrupt:
-    sys.exit("relpos: interrupted; rerun the same command to resume.")
+  outputs = cli.run(argv, table)  # Ctrl-C: "interrupted: saved step N ...; run ... again"
   print(outputs["table"])
   print("Wrote", ", ".join([outputs["results"], *outputs["plots"]]))
   if outputs.get("published"):
