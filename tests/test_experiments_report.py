@@ -22,7 +22,8 @@ def test_load_runs_reads_older_schemas_and_refuses_newer_ones(results_path, tmp_
 def test_table_rebuilt_from_results_json_alone(results_path, tmp_path):
   text = report.write_table(str(results_path), str(tmp_path / "table.md"))
   assert (tmp_path / "table.md").read_text() == text
-  assert "| abs | 2 | 52.0 ± 1.4 | 51.0 ± 1.4 | 11.0 ± 1.4 | 26.5 (Table 1, base, EN-DE)" in text
+  assert ("| abs | 2 | 52.0 ± 1.4 | 51.0 ± 1.4 | 11.0 ± 1.4 | 26.5 (Table 1, newstest2014; rel_kv "
+          "26.8 there)") in text
   assert "| rel_kv | 2 | 62.0 ± 1.4 | 61.0 ± 1.4 | 41.0 ± 1.4 |" in text
   assert "| k=0 | 1 | 21.0 | 20.0 | 30.0 | 12.5 |" in text
   # Per-length buckets, sorted by their first length.
