@@ -3,9 +3,14 @@ GPU host's image lacks, for the host's Python and platform) and the tasks it pre
 is downloaded here: pip and the data preparation are stood in for."""
 
 import importlib.metadata
+import os
+import re
+import tomllib
 
 from tools import gpu_bundle
 from tools import gpu_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_every_package_the_host_lacks_is_fetched_at_the_version_installed_here(
@@ -29,6 +34,17 @@ def test_every_package_the_host_lacks_is_fetched_at_the_version_installed_here(
       assert [c for c in command if c.startswith("--platform=")
              ] == [f"--platform={p}" for p in gpu_bundle.PLATFORMS]
       assert command[command.index("-d") + 1] == str(wheels)
+
+
+def test_every_dependency_is_in_the_image_or_in_the_bundle():
+  """sacremoses, added to pyproject.toml, was in neither: relpos would not import on the GPU
+  host, and the first job would end at its import check."""
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    dependencies = tomllib.load(f)["project"]["dependencies"]
+  names = {re.split(r"[<>=!~ \[]", d, maxsplit=1)[0].lower() for d in dependencies}
+  known = {n.lower() for n in gpu_bundle.IMAGE_HAS + gpu_bundle.IMAGE_LACKS}
+  assert names - known == set()
+  assert not set(gpu_bundle.IMAGE_HAS) & set(gpu_bundle.IMAGE_LACKS)
 
 
 def test_the_table_jobs_tasks_are_prepared_in_the_bundle(tmp_path, monkeypatch):

@@ -44,7 +44,13 @@ IMAGE_LACKS = (
     "toml",
     "docstring_parser",  # simple_parsing's
     "googleapis-common-protos",  # tensorflow-metadata's
+    "sacremoses",  # relpos.scoring's (its own needs, click, joblib, regex, tqdm, are there)
 )
+# Packages of pyproject.toml's dependencies the image has (device KINDS.md, "Python packages
+# already there", read 2026-11-17): with IMAGE_LACKS, every dependency is one or the other (a
+# test holds it), so a new dependency cannot be left off the bundle unnoticed.
+IMAGE_HAS = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "absl-py", "numpy",
+             "sentencepiece", "sacrebleu", "matplotlib", "scipy", "tqdm")
 SOURCE_ONLY = ("promise",)  # published as source alone: built here (pure Python)
 PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
