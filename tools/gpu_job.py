@@ -27,10 +27,12 @@ recipe). ARGS go to the end of the job's command and win over its own flags: `--
 `--seeds=3`, `--rows=abs,rel_kv`, `--set=train.num_steps=5000`, or pytest's `-n 8 -x`.
 
 A table continues across jobs: its output folder is `bundle/results/<JOB>`; unpack the returned
-archive there before the next job (`mkdir -p bundle/results && tar -xzf results.tar.gz -C
-bundle/results`, then carry `bundle` again) and the finished runs are skipped. An unfinished
-run's checkpoints are too large to come back, so it starts again from step 0 in the next job:
-give each run a budget (`--set=train.num_steps=...`) that finishes inside one job.
+archive there before the next machine's first job (`mkdir -p bundle/results && tar -xzf
+results.tar.gz -C bundle/results`, then carry `bundle` with that job) and the finished runs are
+skipped. An unfinished run's checkpoints are too large to come back, so on another machine it
+starts again from step 0: give each run a budget (`--set=train.num_steps=...`) that finishes
+inside one job. On the same held machine, a later job without `bundle` carried resumes them (a
+carried `bundle` would replace the folder, checkpoints and all).
 
 `--dry_run` runs the job at tiny size (seconds to a minute on a CPU) into a temporary results
 folder, for checking the whole path (wheels, data, packing) without a GPU.
