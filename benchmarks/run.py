@@ -238,9 +238,14 @@ def main(argv: list[str]) -> None:
   if os.path.exists(json_path):
     with open(json_path, encoding="utf-8") as f:
       all_results = json.load(f)
-  backend = jax.default_backend()
+  backend, machine = jax.default_backend(), common.machine()
   results = all_results.setdefault(backend, {})
-  results["machine"] = common.machine()
+  if results and set(results["machine"]["devices"]) != set(machine["devices"]):
+    # Sections not run again would stand under this machine's name: drop them (git keeps them).
+    common.progress(f"{backend} results of {sorted(set(results['machine']['devices']))} "
+                    f"replaced by this machine's ({sorted(set(machine['devices']))})")
+    results = all_results[backend] = {}
+  results["machine"] = machine
   for name in _SECTIONS.value:
     if not runs_on(name, backend):
       common.progress(f"section {name}: skipped, it reads XLA:CPU's trace (CPU only)")

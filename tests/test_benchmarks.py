@@ -3,10 +3,14 @@
 The benchmarks themselves are not run here (minutes, not in CI); these check their building
 blocks at tiny sizes.
 """
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
+from absl.testing import flagsaver
 from flax import nnx
 
 from benchmarks import attention
@@ -233,3 +237,19 @@ def test_seed_stack_times_one_seed_and_the_stacked_step(monkeypatch):
   assert (record["task"], record["seeds"], record["batch_size"]) == ("synthetic", 3, 4)
   assert record["one_seed_seconds"] > 0 and record["stacked_seconds"] > 0
   assert record["gain"] == pytest.approx(3 * record["one_seed_seconds"] / record["stacked_seconds"])
+
+
+def test_results_of_another_device_are_replaced_not_relabelled(tmp_path, monkeypatch):
+  """A partial rerun on another device (an H100 after an H200) would have headed the sections
+  it did not rerun with the new device's name."""
+  backend = jax.default_backend()
+  old = {"machine": {**common.machine(), "devices": ["NVIDIA H200"]}, "decode": {"old": 1}}
+  (tmp_path / "results.json").write_text(json.dumps({backend: old}), encoding="utf-8")
+  monkeypatch.setitem(run.SECTIONS, "fake", lambda quick: {"records": []})
+  monkeypatch.setattr(run, "render", lambda all_results: "")
+  flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(sections=["fake"], results_dir=str(tmp_path)):
+    run.main([])
+  results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))[backend]
+  assert "decode" not in results and results["fake"] == {"records": []}
+  assert results["machine"]["devices"] == common.machine()["devices"]
