@@ -201,12 +201,21 @@ def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
 
 
 def _imports_in(argv: Sequence[str]) -> list[str]:
-  """The values of every --import=X (or --import X) in a command line."""
+  """The values of every --import=X (or --import X, one dash too) in a command line, its
+  --flagfile files read as absl reads them (a file that cannot be read is left to absl's
+  parsing to name)."""
+  try:
+    argv = flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)
+  except flags.Error:
+    pass
   found = []
   for i, arg in enumerate(argv):
-    if arg.startswith("--import="):
-      found.append(arg.split("=", 1)[1])
-    elif arg == "--import" and i + 1 < len(argv):
+    name, has_value, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("-") or name != "import":
+      continue
+    if has_value:
+      found.append(value)
+    elif i + 1 < len(argv):
       found.append(argv[i + 1])
   return found
 

@@ -313,3 +313,13 @@ def test_user_mistakes_end_with_one_line(case, files, command, line, tmp_path):
   assert done.stderr.strip().splitlines()[-1].startswith(line.format(tmp=tmp_path)), done.stderr
   assert "Traceback" not in done.stderr
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_imports_are_found_in_flagfiles_and_with_one_dash(tmp_path):
+  """A variant's module named in a --flagfile was never imported (absl reads the file after the
+  modules were due), so its variant was unknown to the config."""
+  flagfile = tmp_path / "flags.txt"
+  flagfile.write_text("--import=/x/mine.py\n--config.train.num_steps=4\n", encoding="utf-8")
+  argv = ["train.py", f"--flagfile={flagfile}", "-import", "my.module", "--import=other.py"]
+  assert cli._imports_in(argv) == ["/x/mine.py", "my.module", "other.py"]  # pylint: disable=protected-access
+  assert cli._imports_in(["eval.py", "--flagfile=/no/such/file"]) == []  # pylint: disable=protected-access
