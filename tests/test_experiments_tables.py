@@ -90,6 +90,7 @@ def test_the_length_table_rows_and_their_task_fields():
         (("abs", "shape"), "model.absolute_type", "learned", "abs", "sinusoidal"),
         (("rel_kv", "rel_k"), "model.position", "rope", "rel_kv", "relative"),
         (("rel_kv", "rel_k"), "model.position", "kerple", "rel_kv", "relative"),  # one's own
+        (("rel_kv",), "model.position", "rope", "rel_kv", "relative"),  # alone, not a study
     ])
 def test_an_override_of_a_field_a_row_sets_is_refused(rows, field, value, row, own):
   with pytest.raises(ValueError) as raised:

@@ -200,8 +200,9 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   `--set=model.max_relative_position=16` on the k sweep trains k=0 and k=256 alike;
   `--set=task.concat_probability=0.25` on the length table concatenates for every row). A
   one-row table may change its row's fields, a study of that row
-  (`--rows=rel_kv_concat --set=task.concat_probability=0.25`), unless its name states the
-  value (`k=4`); every table may set a field no row sets, or set one to the rows' own value.
+  (`--rows=rel_kv_concat --set=task.concat_probability=0.25`), but not its variant
+  (`model.position`) nor a value its name states (`k=4`); every table may set a field no row
+  sets, or set one to the rows' own value.
 
   An override of a position variant's field that no row's variant has is refused too
   (`model_config.check_fields_used`).
@@ -210,19 +211,18 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
     ValueError: naming the override and the row whose field it would change.
   """
   overrides = overrides or {}
-  model_config.check_fields_used(
-      {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")},
-      [row_overrides(row)["position"] for row in rows], "override model.")
-  if len(rows) == 1 and not rows[0].startswith(K_PREFIX):
-    return
+  study = len(rows) == 1 and not rows[0].startswith(K_PREFIX)  # of one row's settings
   for field, value in overrides.items():
     for row in rows:
       own = row_fields(row)
-      if field in own and own[field] != value:
+      if field in own and own[field] != value and not (study and field != "model.position"):
         raise ValueError(
             f"--set {field}={value!r} would change row {row}, which sets {field}={own[field]!r}: "
             "the table would compare it under a name it no longer has. Run that row without "
             "it, or that row alone (a study of its settings), or train that config with train.py.")
+  model_config.check_fields_used(
+      {k.removeprefix("model."): v for k, v in overrides.items() if k.startswith("model.")},
+      [row_overrides(row)["position"] for row in rows], "override model.")
 
 
 def row_config(row: str, task: str) -> ml_collections.ConfigDict:
