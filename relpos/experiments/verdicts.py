@@ -160,12 +160,9 @@ def welch(a: Sequence[float], b: Sequence[float]) -> Comparison:
   difference = mean_a - mean_b
   var_a, var_b = std_a**2 / len(a), std_b**2 / len(b)  # squared standard errors
   if var_a + var_b == 0:
-    return Comparison(difference, difference, difference, float(difference == 0))
-  se = math.sqrt(var_a + var_b)
+    return _t_test(difference, 0.0, 1.0)
   df = (var_a + var_b)**2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-  half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
-  return Comparison(difference, difference - half_width, difference + half_width,
-                    float(2 * stats.t.sf(abs(difference) / se, df)))
+  return _t_test(difference, math.sqrt(var_a + var_b), df)
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> Comparison:
@@ -174,12 +171,18 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Comparison:
   When the differences are constant they are exact: p = 1 if they are 0, else 0.
   """
   mean, std = mean_std([x - y for x, y in zip(a, b, strict=True)])
-  if std == 0:
-    return Comparison(mean, mean, mean, float(mean == 0))
-  se, df = std / math.sqrt(len(a)), len(a) - 1
+  return _t_test(mean, std / math.sqrt(len(a)), len(a) - 1)
+
+
+def _t_test(difference: float, se: float, df: float) -> Comparison:
+  """The 95% interval and two-sided p of `difference` with standard error `se` on a t
+  distribution of `df` degrees of freedom; with no error (se 0) the difference is exact: p = 1
+  if it is 0, else 0."""
+  if se == 0:
+    return Comparison(difference, difference, difference, float(difference == 0))
   half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
-  return Comparison(mean, mean - half_width, mean + half_width,
-                    float(2 * stats.t.sf(abs(mean) / se, df)))
+  return Comparison(difference, difference - half_width, difference + half_width,
+                    float(2 * stats.t.sf(abs(difference) / se, df)))
 
 
 def format_p(p: float) -> str:
