@@ -48,10 +48,8 @@ class PairDataset:
     and the direction where the config holds both (the catalog's `wmt14_translate/de-en` keys
     its languages, and the training text interleaves source and target in that order)."""
     builder = self.builder
-    direction = ("" if
-                 (self.source_key,
-                  self.target_key) == (SOURCE_KEY,
-                                       TARGET_KEY) else f"-{self.source_key}_to_{self.target_key}")
+    keys_name_no_direction = (self.source_key, self.target_key) == (SOURCE_KEY, TARGET_KEY)
+    direction = "" if keys_name_no_direction else f"-{self.source_key}_to_{self.target_key}"
     return f"{builder.name}-{builder.builder_config.name}{direction}-{builder.version}"
 
   def data_sources(self) -> dict[str, Sequence[dict[str, bytes]]]:
