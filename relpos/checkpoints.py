@@ -11,18 +11,16 @@ complete, so a kill mid-write leaves the previous steps intact):
 
 Nothing is pickled. The manager keeps the last `keep` checkpoints plus the best one. A
 checkpoint whose files are missing, truncated or unreadable is "damaged"
-(`DamagedCheckpointError`, naming the file or the read that failed); `restore_newest` skips
-such checkpoints for the newest one that restores. Restore targets carry the shardings of the
-current mesh, so a checkpoint written on any number of devices restores on any other.
+(`relpos.checkpoint_damage`); `restore_newest` skips such checkpoints for the newest one that
+restores. Restore targets carry the shardings of the current mesh, so a checkpoint written on
+any number of devices restores on any other.
 The model's variables are held as pure nested dicts (`nnx.to_pure_dict`): "params" (nnx.Param)
 and "rng" (nnx.RngState, the dropout stream), which `nnx.merge` turns back into a model.
 """
-import contextlib
-import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grain
@@ -34,6 +32,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
+from relpos import checkpoint_damage
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import workdir_files
@@ -41,11 +40,6 @@ from relpos import workdir_files
 PyTree = Any
 Restored = TypeVar("Restored")
 STATE_METADATA = os.path.join("state", "_METADATA")
-MAX_CAUSE_CHARS = 400  # of an error's message shown to a user
-
-
-class DamagedCheckpointError(ValueError):
-  """A checkpoint whose files are missing, truncated or unreadable."""
 
 
 def best_metric(metrics: dict[str, float]) -> float:
@@ -166,9 +160,10 @@ def save_failed(manager: ocp.CheckpointManager, step: int | None, error: BaseExc
   saved = sorted(set(manager.all_steps()) - {step})
   kept = (f"the last complete checkpoint is step {saved[-1]}"
           if saved else "no checkpoint was saved before it")
-  return OSError(f"saving the checkpoint of step {step} in {manager.directory} failed: "
-                 f"{short_cause(error).rstrip('.')}; {kept}: make room (or fix the folder) and "
-                 "run the same command again to resume.")
+  return OSError(
+      f"saving the checkpoint of step {step} in {manager.directory} failed: "
+      f"{checkpoint_damage.short_cause(error).rstrip('.')}; {kept}: make room (or fix the "
+      "folder) and run the same command again to resume.")
 
 
 def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
@@ -199,27 +194,12 @@ def check_process_count(where: str) -> None:
         "new --workdir.")
 
 
-def _json_problem(where: str, name: str) -> str | None:
-  """What is wrong with the JSON file `name` of the checkpoint in `where` (None: nothing)."""
-  path = os.path.join(where, name)
-  if not os.path.isfile(path):
-    return f"{name} is missing"
-  if os.path.getsize(path) == 0:
-    return f"{name} is empty"
-  try:
-    with open(path, encoding="utf-8") as f:
-      json.load(f)
-  except ValueError as e:
-    return f"{name} is not valid JSON ({e}; truncated?)"
-  return None
-
-
 def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -> None:
   """Checks the small files of a checkpoint: the state's metadata and (`with_data`) this
   process's iterator state exist and are whole JSON. The arrays are checked by reading them.
 
   Raises:
-    DamagedCheckpointError: naming the first missing, empty or truncated file.
+    checkpoint_damage.DamagedCheckpointError: naming the first missing, empty or truncated file.
     ValueError: (`with_data`) the iterators were saved by another number of processes.
   """
   where = step_dir(manager, step)
@@ -228,40 +208,9 @@ def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -
     check_process_count(where)
     names.append(os.path.join("data", data_file()))
   for name in names:
-    problem = _json_problem(where, name)
+    problem = checkpoint_damage.json_problem(where, name)
     if problem:
-      raise DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
-
-
-# What reading a checkpoint may raise that says nothing of its files (a network folder's
-# timeout, no permission, no memory): set aside for it, a healthy newest checkpoint would be
-# replaced by an older one for a fault a second try does not have (`_reading`).
-NOT_DAMAGE = (TimeoutError, ConnectionError, PermissionError, MemoryError)
-
-
-@contextlib.contextmanager
-def _reading(manager: ocp.CheckpointManager, step: int) -> Iterator[None]:
-  """Turns what reading a damaged checkpoint raises (tensorstore, orbax, grain: of many types)
-  into a DamagedCheckpointError that keeps the first line of the cause; `NOT_DAMAGE` passes."""
-  try:
-    yield
-  except NOT_DAMAGE:
-    raise
-  except Exception as e:  # pylint: disable=broad-exception-caught
-    raise DamagedCheckpointError(f"checkpoint {step_dir(manager, step)} is damaged: reading it "
-                                 f"failed: {short_cause(e).rstrip('.')}.") from e
-
-
-def short_cause(error: BaseException, max_chars: int | None = MAX_CAUSE_CHARS) -> str:
-  """What a user needs of an error from tensorstore, Orbax or grain: the first line of its
-  message, without the tensorstore spec and details that follow the file and the reason (they
-  run to 1,000 characters), cut at `max_chars` (None: whole)."""
-  cause = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  cause = re.split(r" See full TensorStore details| \[tensorstore_spec=| \[source locations=",
-                   cause)[0]
-  if max_chars is None or len(cause) <= max_chars:
-    return cause
-  return cause[:max_chars - 3] + "..."
+      raise checkpoint_damage.DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
 
 
 def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
@@ -276,21 +225,21 @@ def restore_newest(manager: ocp.CheckpointManager,
 
   Args:
     manager: from `make_manager`.
-    restore_step: restores the checkpoint of a step; raises DamagedCheckpointError when it
-      cannot be read.
+    restore_step: restores the checkpoint of a step; raises DamagedCheckpointError when it cannot
+      be read.
 
   Returns:
     (the step restored, what `restore_step` returned, the newer steps found damaged).
 
   Raises:
     FileNotFoundError: there is no checkpoint.
-    DamagedCheckpointError: every checkpoint is damaged (each named).
+    checkpoint_damage.DamagedCheckpointError: every checkpoint is damaged (each named).
   """
   damaged = {}
   while candidates := sorted(set(manager.all_steps()) - set(damaged), reverse=True):
     try:
       return candidates[0], restore_step(candidates[0]), sorted(damaged)
-    except DamagedCheckpointError as e:
+    except checkpoint_damage.DamagedCheckpointError as e:
       if os.path.isdir(step_dir(manager, candidates[0])):
         damaged[candidates[0]] = str(e)
         logging.warning("%s Trying the checkpoint before it.", e)
@@ -300,8 +249,8 @@ def restore_newest(manager: ocp.CheckpointManager,
             "there); trying the one before it.", step_dir(manager, candidates[0]))
       manager.reload()
   if damaged:
-    raise DamagedCheckpointError(f"no checkpoint in {manager.directory} can be restored: " +
-                                 " ".join(damaged.values()))
+    raise checkpoint_damage.DamagedCheckpointError(
+        f"no checkpoint in {manager.directory} can be restored: " + " ".join(damaged.values()))
   raise _none_ready(manager)
 
 
@@ -355,9 +304,9 @@ def _saved_tree(manager: ocp.CheckpointManager, step: int) -> PyTree:
   """The metadata (shape, dtype) of each array of the state saved at `step`.
 
   Raises:
-    DamagedCheckpointError: the metadata cannot be read.
+    checkpoint_damage.DamagedCheckpointError: the metadata cannot be read.
   """
-  with _reading(manager, step):
+  with checkpoint_damage.reading(step_dir(manager, step)):
     return manager.item_metadata(step)["state"].tree
 
 
@@ -366,7 +315,7 @@ def check_architecture(manager: ocp.CheckpointManager, step: int, abstract_param
 
   Raises:
     ValueError: naming the first parameter that is missing, extra, or of another shape.
-    DamagedCheckpointError: the metadata cannot be read.
+    checkpoint_damage.DamagedCheckpointError: the metadata cannot be read.
   """
   saved = _saved_tree(manager, step)["params"]
   saved_shapes = {
@@ -421,7 +370,7 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
 
   Raises:
     ValueError: naming the first parameter whose shape differs from the config's.
-    DamagedCheckpointError: naming what is missing or unreadable.
+    checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
   graphdef, params, rng = model_lib.abstract_model(model_config)
   check_files(manager, step, with_data=False)
@@ -429,7 +378,7 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
   target = dict(_as_saved(manager, step, sharding))
   target.update(params=_with_sharding(params, sharding),
                 rng=keys_to_data(_with_sharding(rng, sharding)))
-  with _reading(manager, step):
+  with checkpoint_damage.reading(step_dir(manager, step)):
     restored = manager.restore(step,
                                args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
   return nnx.merge(graphdef, restored["state"]["params"],
@@ -453,11 +402,11 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
   Raises:
     ValueError: naming the first parameter whose shape differs from the config's, or the
       number of processes to resume with.
-    DamagedCheckpointError: naming what is missing or unreadable.
+    checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
   check_files(manager, step, with_data=True)
   check_architecture(manager, step, abstract_state["params"])
-  with _reading(manager, step):
+  with checkpoint_damage.reading(step_dir(manager, step)):
     restored = manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(keys_to_data(abstract_state)),
                                       data=grain_checkpoint.CheckpointRestore(data_iterator)))

@@ -15,7 +15,7 @@ from absl import logging
 import ml_collections
 from ml_collections import config_flags
 
-from relpos import checkpoints
+from relpos import checkpoint_damage
 from relpos import distributed
 from relpos import fields
 from relpos import locks
@@ -306,9 +306,9 @@ def start(multihost: str = "") -> None:
 
 
 def _message(error: BaseException) -> str:
-  """One line for a user's mistake, as `checkpoints.short_cause` gives it, with an operating
+  """One line for a user's mistake, as `checkpoint_damage.short_cause` gives it, with an operating
   system's error as "<file>: <reason>." (`_errno_as_file`)."""
-  return _errno_as_file(checkpoints.short_cause(error, max_chars=None))
+  return _errno_as_file(checkpoint_damage.short_cause(error, max_chars=None))
 
 
 def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "") -> Result:
@@ -318,7 +318,7 @@ def run(argv: Sequence[str], work: Callable[[], Result], *, multihost: str = "")
     SystemExit: "error: unexpected argument ..." (status 1) on positional arguments, with a
       hint at --config= for a config file's path.
     SystemExit: "error: <message>" (status 1) for any of USER_ERRORS, instead of a traceback
-      (the message's first line, without a tensorstore spec: `checkpoints.short_cause`);
+      (the message's first line, without a tensorstore spec: `checkpoint_damage.short_cause`);
       "interrupted[: <message>]" (status 130) on KeyboardInterrupt.
   """
   if len(argv) > 1:

@@ -277,7 +277,7 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
   Raises:
     FileNotFoundError: no checkpoint (or not that step) in the workdir.
     ValueError: the checkpoint's parameters do not fit the config (naming the first one).
-    checkpoints.DamagedCheckpointError: the checkpoint asked for (every one, for "latest")
+    checkpoint_damage.DamagedCheckpointError: the checkpoint asked for (every one, for "latest")
       is damaged.
   """
   manager = checkpoints.make_manager(workdir, read_only=True)

@@ -111,7 +111,7 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
     KeyboardInterrupt: after every seed saved, on SIGINT.
     ValueError: configs that differ in another field than seed (naming it), as many workdirs
       as configs, or what `train.train_and_evaluate` raises for one run.
-    checkpoints.DamagedCheckpointError, locks.WorkdirInUseError, recorder.NonFiniteError: as
+    checkpoint_damage.DamagedCheckpointError, locks.WorkdirInUseError, recorder.NonFiniteError: as
       `train.train_and_evaluate` for one of the runs.
   """
   started = time.perf_counter()

@@ -76,7 +76,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
       trial: `variant_trial.check_variant`), a workdir that is a file, checkpoints of another
       architecture or tokenizer (`run_config.check_resume`) in `workdir`, or written by another
       number of processes.
-    checkpoints.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
+    checkpoint_damage.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
     recorder.NonFiniteError: a non-finite loss, gradient or updated parameters with
       `train.nonfinite='raise'`; with 'skip', more than `train.max_skipped_fraction` of the
@@ -110,7 +110,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
   manager and restores its newest state and data position (`initial_state`), for the block.
 
   Raises:
-    ValueError, checkpoints.DamagedCheckpointError, locks.WorkdirInUseError: as
+    ValueError, checkpoint_damage.DamagedCheckpointError, locks.WorkdirInUseError: as
       `train_and_evaluate`.
   """
   if os.path.exists(workdir) and not os.path.isdir(workdir):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from relpos import checkpoint_damage
 from relpos import checkpoints
 from relpos import device_mesh
 from relpos import evaluate
@@ -149,7 +150,8 @@ def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir,
   assert step == 28
   assert f"checkpoint {newest} is damaged: {problem}" in caplog.text
   assert "Evaluating step 28: the newer checkpoints [30] are damaged" in caplog.text
-  with pytest.raises(checkpoints.DamagedCheckpointError, match=f"{newest} is damaged: {problem}"):
+  with pytest.raises(checkpoint_damage.DamagedCheckpointError,
+                     match=f"{newest} is damaged: {problem}"):
     evaluate.restore_model(workdir, validated, 30, device_mesh.make_mesh())
   assert os.path.isdir(newest)  # evaluation moves nothing
 
@@ -185,7 +187,7 @@ def test_every_checkpoint_damaged_stops_naming_each(reference, data_dir, tmp_pat
   message = "no checkpoint in .* can be restored: " + " ".join(
       rf"checkpoint {workdir}/checkpoints/{step} is damaged: data/process_0-of-1.json is empty\."
       for step in (30, 28, 24))
-  with pytest.raises(checkpoints.DamagedCheckpointError, match=message):
+  with pytest.raises(checkpoint_damage.DamagedCheckpointError, match=message):
     train.train_and_evaluate(make_config(data_dir, KILL_RUN), workdir)
   assert sorted(os.listdir(checkpoints.checkpoint_dir(workdir))) == ["24", "28", "30"]
 

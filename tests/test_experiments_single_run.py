@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from relpos import checkpoints
+from relpos import checkpoint_damage
 from relpos import workdir_files
 from relpos.experiments import single_run
 
@@ -33,5 +33,5 @@ def test_a_stop_during_a_checkpoint_read_is_a_stop_not_damage():
   checkpoint read, whose errors become DamagedCheckpointError, it must stay a stop (else a
   healthy checkpoint is reported damaged, or 'latest' falls back to an older one)."""
   with pytest.raises(single_run.StopRequested):
-    with checkpoints._reading(None, 30):  # pylint: disable=protected-access
+    with checkpoint_damage.reading("checkpoints/30"):
       single_run._raise_stop("SIGTERM")  # pylint: disable=protected-access
