@@ -17,6 +17,7 @@ any number of devices restores on any other.
 The model's variables are held as pure nested dicts (`nnx.to_pure_dict`): "params" (nnx.Param)
 and "rng" (nnx.RngState, the dropout stream), which `nnx.merge` turns back into a model.
 """
+import json
 import os
 import re
 import time
@@ -213,6 +214,35 @@ def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -
       raise checkpoint_damage.DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
 
 
+def _state_paths(state: Any, prefix: str = "") -> set[str]:
+  """The dotted paths of the leaves of a data iterator's JSON state."""
+  if not isinstance(state, dict):
+    return {prefix}
+  return set().union(*(_state_paths(v, f"{prefix}{k}.") for k, v in state.items())) or {prefix}
+
+
+def check_data_position(where: str, data_iterator: grain.DatasetIterator) -> None:
+  """Checks that the data position saved in the checkpoint in `where` has the form this run's
+  iterator saves. One of another pipeline (`task.packing` changed, or a commit that changed
+  `relpos.data`) would fail to restore, or restore somewhere else, and is no damage.
+
+  Raises:
+    ValueError: naming a field of the saved position that this run's iterator lacks, or one
+      it has that the saved position lacks.
+  """
+  with open(os.path.join(where, "data", data_file()), encoding="utf-8") as f:
+    saved = {p.rstrip(".") for p in _state_paths(json.load(f))}
+  current = {p.rstrip(".") for p in _state_paths(data_iterator.get_state())}
+  if saved != current:
+    only_saved, only_current = sorted(saved - current), sorted(current - saved)
+    differs = (f"it has {only_saved[0]!r}, which this run's data iterator lacks" if only_saved else
+               f"it lacks {only_current[0]!r}, which this run's data iterator has")
+    raise ValueError(
+        f"checkpoint {where}: its data position is of another data pipeline ({differs}): "
+        "task.packing, or relpos.data, changed since it was saved; resume with the settings "
+        "and commit it was saved with, or train in a new --workdir.")
+
+
 def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
   return FileNotFoundError(f"no checkpoint is ready in {manager.directory} (a run saves its "
                            "first one after train.checkpoint_every_steps steps).")
@@ -400,11 +430,12 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
     The state, laid out with the shardings of `abstract_state`.
 
   Raises:
-    ValueError: naming the first parameter whose shape differs from the config's, or the
-      number of processes to resume with.
+    ValueError: naming the first parameter whose shape differs from the config's, the number
+      of processes to resume with, or a data position of another pipeline.
     checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
   check_files(manager, step, with_data=True)
+  check_data_position(step_dir(manager, step), data_iterator)
   check_architecture(manager, step, abstract_state["params"])
   with checkpoint_damage.reading(step_dir(manager, step)):
     restored = manager.restore(

@@ -22,10 +22,11 @@ SAME = object()  # Field.absent: a config without the field means its default
 # reports (where data is read from, how often a run logs); it changes the result (a finished run
 # is trained again) but may change when a run resumes (the learning rate, decoding); or it may
 # not change on resume, because the tokenizer, or the model, would change under the
-# checkpoints' parameters, or the choice of the best checkpoint and early stopping would compare
-# validations measured two ways.
+# checkpoints' parameters, the choice of the best checkpoint and early stopping would compare
+# validations measured two ways, or the data position saved with a checkpoint would mean another
+# place in the data (DATA).
 NEUTRAL, RESULT, TOKENIZER, PARAMETERS = "neutral", "result", "tokenizer", "parameters"
-SELECTION = "selection"
+SELECTION, DATA = "selection", "data"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +51,8 @@ class Field:
     doc: one line for a reader of the config.
     absent: the value of a saved config that lacks the field (one written before the field
       existed): the value that reproduces that run. SAME: `default`.
-    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS, SELECTION); None: the
-      section's (PARAMETERS for `model.*`, RESULT elsewhere).
+    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS, SELECTION, DATA);
+      None: the section's (PARAMETERS for `model.*`, RESULT elsewhere).
   """
   default: Any
   rule: Rule

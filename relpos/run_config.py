@@ -57,7 +57,8 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_length": Field(48, integer(2), "training: tokens per sequence"),
         "overlong": Field("filter", one_of("filter", "truncate"),
                           "training sentences over max_length (evaluation never drops)"),
-        "packing": Field(True, BOOLEAN, "pack examples into rows (False: length buckets)"),
+        "packing": Field(True, BOOLEAN, "pack examples into rows (False: length buckets)",
+                         effect=fields.DATA),
         "shuffle_buffer_seed": Field(0, integer(0), "folded with seed into the shuffle seed"),
         "concat_probability": Field(
             0.0, number(0.0, 1.0), "training: probability that an example is joined with a "
@@ -344,7 +345,7 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def effect(path: str) -> str:
   """What changing the field at a dotted path does (`relpos.fields` NEUTRAL, RESULT,
-  TOKENIZER, PARAMETERS or SELECTION)."""
+  TOKENIZER, PARAMETERS, SELECTION or DATA)."""
   section, _, name = path.rpartition(".")
   if section == MODEL:
     field = {**model_config.FIELDS, **model_config.variant_fields()}.get(name)
@@ -379,7 +380,17 @@ _FIXED_ON_RESUME = {
     fields.PARAMETERS: "the model would change under its parameters",
     fields.SELECTION: ("the best checkpoint and early stopping would rank validation BLEU "
                        "against validation loss"),
+    fields.DATA: ("the data position saved with the checkpoints would mean another place in the "
+                  "data"),
 }
+
+
+def _resume_effect(path: str, config: RunConfig) -> str:
+  """`effect(path)`, but for the data position: without packing a saved position counts windows
+  of train.batch_size examples, so there the batch size is fixed on resume too."""
+  if path == "train.batch_size" and not config.task.packing:
+    return fields.DATA
+  return effect(path)
 
 
 def check_resume(config: RunConfig, workdir: str, *, resuming: bool) -> None:
@@ -388,19 +399,21 @@ def check_resume(config: RunConfig, workdir: str, *, resuming: bool) -> None:
 
   Raises:
     ValueError: (`resuming`) a field that would change the tokenizer or the model under the
-      checkpoints' parameters changed, naming it, both values, the file and what to do; or
+      checkpoints' parameters, the ranking of checkpoints, or the meaning of the saved data
+      position changed, naming it, both values, the file and what to do; or
       the file is not a valid config (named).
   """
   path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
     return
   changed = differences(read(path), config)
-  fixed = [d for d in changed if effect(d[0]) in _FIXED_ON_RESUME]
+  fixed = [d for d in changed if _resume_effect(d[0], config) in _FIXED_ON_RESUME]
   if resuming and fixed:
     field, before, after = fixed[0]
+    why = _FIXED_ON_RESUME[_resume_effect(field, config)]
     raise ValueError(
         f"config field {field}={after!r} differs from the {before!r} that the checkpoints in "
-        f"{workdir} were trained with ({path}): {_FIXED_ON_RESUME[effect(field)]}. Resume "
+        f"{workdir} were trained with ({path}): {why}. Resume "
         f"with {field}={before!r} or train in a new --workdir.")
   if changed:
     logging.warning("%s: changed since the run's last start: %s.", path,

@@ -294,3 +294,32 @@ def test_best_is_the_newest_of_equal_validations(tmp_path):
   checkpoints.wait(manager)
   assert (checkpoints.resolve_step(manager, "best"), manager.all_steps()) == (6, [6])
   manager.close()
+
+
+class _Iterator:
+  """A data iterator that only says its position."""
+  def __init__(self, state):
+    self.state = state
+
+  def get_state(self):
+    return self.state
+
+
+def test_a_data_position_of_another_pipeline_is_named_not_damage(tmp_path):
+  """Packed and length-bucketed iterators save positions of other forms: resuming one from the
+  other raised a KeyError inside grain, which a checkpoint read reports as damage (and would set
+  every healthy checkpoint aside)."""
+  packed = {"parent": {"next_index": 22}, "next_row": 0, "counter": 8}
+  os.makedirs(tmp_path / "data")
+  (tmp_path / "data" / checkpoints.data_file()).write_text(json.dumps(packed))
+  checkpoints.check_data_position(str(tmp_path), _Iterator({**packed, "counter": 0}))
+  bucketed = {"parent": {"next_index": 0}, "next_index_in_buffer": 1}
+  with pytest.raises(
+      ValueError, match=(
+          rf"^checkpoint {tmp_path}: its data position is of another data pipeline \(it has "
+          r"'counter', which this run's data iterator lacks\): task.packing, or relpos.data, "
+          r"changed since it was saved; resume with the settings and commit it was saved with, or "
+          r"train in a new --workdir.$")):
+    checkpoints.check_data_position(str(tmp_path), _Iterator(bucketed))
+  with pytest.raises(ValueError, match="it lacks 'next_index_in_buffer', which this run's"):
+    checkpoints.check_data_position(str(tmp_path), _Iterator({**packed, **bucketed}))

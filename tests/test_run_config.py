@@ -214,3 +214,31 @@ def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default
   with pytest.raises(ValueError, match=r"model.relative_shared_across_layers=True differs from "
                      r"the False "):
     run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+
+
+@pytest.mark.parametrize("packing, field, value", [(True, "task.packing", False),
+                                                   (False, "task.packing", True),
+                                                   (False, "train.batch_size", 64)])
+def test_a_change_of_the_data_position_meaning_stops_a_resume(tmp_path, packing, field, value):
+  """A saved data position is of the pipeline's form (packed or bucketed), and without packing
+  it counts windows of batch_size examples: a resume would fail in grain, or skip data."""
+  workdir, _ = _saved_run(tmp_path, lambda saved: saved["task"].update(packing=packing))
+  config = tiny.get_config()
+  config.task.packing = packing
+  section, name = field.split(".")
+  before = config[section][name]
+  config[section][name] = value
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"config field {field}={value!r} differs from the {before!r} that the checkpoints in "
+          f"{workdir} were trained with ({workdir}/config.json): the data position saved with the "
+          "checkpoints would mean another place in the data.")):
+    run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+
+
+def test_packed_runs_may_resume_with_another_batch_size(tmp_path, caplog):
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.train.batch_size *= 2
+  run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+  assert "train.batch_size=" in caplog.text
