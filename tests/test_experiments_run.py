@@ -60,3 +60,18 @@ def test_experiments_take_config_overrides_any_k_and_any_base(tmp_path):
   assert result["k"] == 3 and result["config"]["model"]["max_relative_position"] == 3
   train = result["config"]["train"]
   assert (train["num_steps"], train["eval_every_steps"], train["batch_size"]) == (2, 2, 8)
+
+
+def test_list_with_a_variant_named_like_a_row_says_so_in_one_line(tmp_path):
+  module = tmp_path / "row_named.py"
+  module.write_text("from relpos import variants\n\n\n"
+                    "@variants.register('rel_kv_concat')\n"
+                    "class RowNamed(variants.Variant):\n"
+                    "  pass\n")
+  done = subprocess.run(
+      [sys.executable, "-m", "relpos.experiments.run", "--list", f"--import={module}"], cwd=ROOT,
+      capture_output=True, text=True, check=False)
+  assert done.returncode == 1, done.stderr
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      "error: position variant 'rel_kv_concat' (")
+  assert "Traceback" not in done.stderr

@@ -113,6 +113,16 @@ def test_overrides_that_leave_every_row_what_its_name_says():
     tables.check_overrides(rows, overrides)
 
 
+@pytest.mark.parametrize("field, value, flag", [("seed", 5, "--seeds"),
+                                                ("task.name", "multi30k", "--task")])
+def test_an_override_of_a_field_the_table_sets_is_refused(field, value, flag):
+  """`--set=seed=5` trained every seed of a row with seed 5: one training, "± 0.0", p = 0."""
+  with pytest.raises(
+      ValueError, match=(rf"^--set {field}={value!r}: a table sets {field} for "
+                         rf"each run itself; use {flag}")):
+    tables.check_overrides(("abs", "rel_kv"), {field: value})
+
+
 def test_an_override_of_a_field_no_row_has_is_refused():
   with pytest.raises(ValueError) as raised:
     tables.check_overrides(("abs", "rope"), {"model.max_relative_position": 8})

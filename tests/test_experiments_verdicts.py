@@ -166,6 +166,7 @@ def test_a_mean_of_some_of_a_rows_runs_says_how_many():
 
 def test_p_values_never_round_across_the_significance_level():
   assert verdicts.format_p(0.0496) == "0.0496"  # 0.05 would read as not below it
+  assert verdicts.format_p(0.04996) == "0.04996" and verdicts.format_p(0.049951) == "0.04995"
   assert verdicts.format_p(0.0504) == "0.05"  # not below the level, as its p
   assert verdicts.format_p(0.062) == "0.062" and verdicts.format_p(6.6e-05) == "6.6e-05"
   assert verdicts.format_p(0.5) == "0.5" and verdicts.format_p(1.0) == "1"

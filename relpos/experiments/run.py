@@ -120,7 +120,7 @@ def overrides() -> dict[str, object]:
 
 def main(argv: Sequence[str]) -> None:
   if _LIST.value:
-    print(listing())
+    print(cli.run(argv, listing))  # a user's variant named like a row: one line, no traceback
     return
   if not _OUTPUT_DIR.value:
     sys.exit("error: --output_dir is required (where runs, results.json and table.md go).")

@@ -193,6 +193,11 @@ def row_fields(row: str) -> dict[str, object]:
   }
 
 
+# Fields a table sets for each run from its own flags: an override would give every run one
+# value (every seed one training, the runs filed under another task's name).
+TABLE_SET_FIELDS = {"seed": "--seeds (seeds 0..N-1)", "task.name": "--task"}
+
+
 def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) -> None:
   """Refuses an override that changes a field a requested row sets (`row_fields`): the row
   would no longer be what its name says, and the table would compare it as such
@@ -205,7 +210,8 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   sets, or set one to the rows' own value.
 
   An override of a position variant's field that no row's variant has is refused too
-  (`model_config.check_fields_used`).
+  (`model_config.check_fields_used`), and so is one of a field the table sets from its own
+  flags (`TABLE_SET_FIELDS`: `--set=seed=5` trained every seed with seed 5).
 
   Raises:
     ValueError: naming the override and the row whose field it would change.
@@ -213,6 +219,9 @@ def check_overrides(rows: Sequence[str], overrides: Mapping[str, Any] | None) ->
   overrides = overrides or {}
   study = len(rows) == 1 and not rows[0].startswith(K_PREFIX)  # of one row's settings
   for field, value in overrides.items():
+    if field in TABLE_SET_FIELDS:
+      raise ValueError(f"--set {field}={value!r}: a table sets {field} for each run itself; use "
+                       f"{TABLE_SET_FIELDS[field]}.")
     for row in rows:
       own = row_fields(row)
       if field in own and own[field] != value and not (study and field != "model.position"):

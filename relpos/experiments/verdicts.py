@@ -186,10 +186,12 @@ def _t_test(difference: float, se: float, df: float) -> Comparison:
 
 
 def format_p(p: float) -> str:
-  """p to 2 significant digits, or 3 where 2 would round it across ALPHA (0.0496 reads 0.0496,
-  not 0.05 beside a "yes")."""
-  text = f"{p:.2g}"
-  return text if (float(text) < ALPHA) == (p < ALPHA) else f"{p:.3g}"
+  """p to 2 significant digits, or more where fewer would round it across ALPHA (0.0496 reads
+  0.0496 and 0.04996 reads 0.04996, not 0.05 beside a "yes")."""
+  digits = 2
+  while (float(text := f"{p:.{digits}g}") < ALPHA) != (p < ALPHA) and digits < 17:
+    digits += 1
+  return text
 
 
 def judge(
