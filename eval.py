@@ -21,7 +21,7 @@ _IMPORT = cli.define_import_flag()  # besides the modules the run recorded (impo
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir.", required=True)
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest", "latest, best, a step number, or average:N (the parameters of the "
-    "last N saved checkpoints averaged).")
+    "last N checkpoints saved on schedule averaged).")
 _SPLIT = flags.DEFINE_string("split", None, "Split of the run's task, e.g. validation or test.")
 _INPUT = flags.DEFINE_string("input", None, "UTF-8 file of source sentences, one a line.")
 _REFERENCE = flags.DEFINE_string("reference", None, "References for --input, one a line.")

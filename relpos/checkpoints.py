@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import checkpoint_damage
+from relpos import checkpoint_schedule
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import workdir_files
@@ -52,13 +53,17 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), workdir_files.CHECKPOINT_DIR)
 
 
-def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp.CheckpointManager:
+def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False,
+                 scheduled: Callable[[int], bool] | None = None) -> ocp.CheckpointManager:
   """Opens the CheckpointManager of `workdir/checkpoints`.
 
   Args:
     workdir: the run's folder.
-    keep: how many of the latest checkpoints to keep (the best one is kept besides).
+    keep: how many of the latest checkpoints saved on schedule to keep (the newest and the
+      best one are kept besides: `checkpoint_schedule.LatestOnSchedule`).
     read_only: open for restoring only (evaluation): nothing is created or deleted.
+    scheduled: whether a step is saved on schedule (`checkpoint_schedule.on_schedule`);
+      None: every step.
 
   Raises:
     ValueError: `workdir/checkpoints` exists and is not a folder (naming it).
@@ -68,7 +73,7 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False) -> ocp
     raise ValueError(f"{directory} is a file, not a folder of checkpoints: move it aside or "
                      "pass another --workdir.")
   policy = checkpoint_managers.AnyPreservationPolicy([
-      checkpoint_managers.LatestN(n=keep),
+      checkpoint_schedule.LatestOnSchedule(n=keep, scheduled=scheduled or (lambda step: True)),
       checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
                                 keep_checkpoints_without_metrics=False),
   ])

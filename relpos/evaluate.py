@@ -32,6 +32,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from relpos import checkpoint_schedule
 from relpos import checkpoints
 from relpos import decode
 from relpos import device_mesh
@@ -101,7 +102,8 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
     model: a Transformer.
     tokenizer: the task's tokenizer (encode sources, decode outputs).
     texts: the sources.
-    config: the run config (decode.*, model.max_len, train.eval_batch_size).
+    config: the run config (decode.*, model.max_len, train.eval_batch_size: rounded up to a
+      multiple of the mesh's devices).
     mesh: devices the batch rows are split over.
     lengths: None, or each output's length in tokens, eos included (at most model.max_len):
       eos is forbidden before it and forced at it (oracle-length decoding, `decode.translate`).
@@ -118,8 +120,10 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   progress = tqdm.tqdm(total=len(texts), unit="sentence", desc="translating", leave=False,
                        dynamic_ncols=True, disable=jax.process_index() != 0)
   cut, budgets = 0, set()
-  for example_index, inputs in source_batches(tokenizer, texts, config.train.eval_batch_size,
-                                              config.model.max_len):
+  # Rows split evenly over the devices, however many this machine has: a run trained on one
+  # count is evaluated on another (filler rows make up the difference).
+  batch_size = -(-config.train.eval_batch_size // mesh.size) * mesh.size
+  for example_index, inputs in source_batches(tokenizer, texts, batch_size, config.model.max_len):
     rows = {"inputs": inputs}
     budget = max_decode_len(inputs.shape[1], config.decode, config.model.max_len)
     if lengths is not None:  # filler rows: eos first
@@ -229,28 +233,20 @@ def _average_count(checkpoint: str | int) -> int | None:
   return int(chosen.group(1))
 
 
-def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDict) -> list[int]:
-  """The steps of `steps` that training saves whether or not it is interrupted (multiples of
-  train.checkpoint_every_steps or train.eval_every_steps, and train.num_steps), in order: a
-  checkpoint saved on SIGTERM in between is left out, so that `average:N` of a resumed run is
-  that of the run never stopped."""
-  return sorted(s for s in steps if s % train_config.checkpoint_every_steps == 0 or s %
-                train_config.eval_every_steps == 0 or s == train_config.num_steps)
-
-
 def averaged_steps(workdir: str, steps: Sequence[int], train_config: ml_collections.ConfigDict,
                    count: int) -> list[int]:
   """The steps "average:`count`" averages: the last `count` of the checkpoint schedule
-  (`scheduled_steps`) up to the newest scheduled checkpoint of `steps`, the checkpoints held.
+  (`checkpoint_schedule.scheduled_steps`) up to the newest scheduled checkpoint of `steps`,
+  the checkpoints held.
 
   Raises:
     FileNotFoundError: the run has not saved `count` on schedule yet, or one of them is not
       held (fewer kept, or an older best checkpoint kept in their place), naming the missing
       steps: an average of the others would not be the one asked for.
   """
-  held = scheduled_steps(steps, train_config)
+  held = checkpoint_schedule.scheduled_steps(steps, train_config)
   newest = held[-1] if held else 0
-  schedule = scheduled_steps(range(1, newest + 1), train_config)[-count:]
+  schedule = checkpoint_schedule.scheduled_steps(range(1, newest + 1), train_config)[-count:]
   missing = sorted(set(schedule) - set(held))
   if len(schedule) < count:
     raise FileNotFoundError(
@@ -269,10 +265,9 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
   """The model saved in `workdir` at `checkpoint`, and its step.
 
   `checkpoint` is "latest", "best", a step, or "average:N": the parameters of the last N
-  checkpoints saved on schedule averaged (`scheduled_steps`; the step returned is the last of
-  them). "latest" is the newest
-  checkpoint that restores: damaged newer ones are skipped with a warning naming what is wrong
-  and the step restored instead.
+  checkpoints saved on schedule averaged (`checkpoint_schedule.scheduled_steps`; the step
+  returned is the last of them). "latest" is the newest checkpoint that restores: damaged newer
+  ones are skipped with a warning naming what is wrong and the step restored instead.
 
   Raises:
     FileNotFoundError: no checkpoint (or not that step) in the workdir.

@@ -115,8 +115,9 @@ def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig
 
   Returns:
     The results written to `<stem>.json`, with "num_sentences" and "translations_file" (and
-    "sources_file" with `sources`).
+    "sources_file" with `sources`), absolute paths as the workdir's.
   """
+  output_dir = os.path.abspath(output_dir)
   identity = {
       "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
       "split": split, "input_file": input_file and os.path.abspath(input_file),

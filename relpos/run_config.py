@@ -44,8 +44,9 @@ SECTIONS: dict[str, dict[str, Field]] = {
                                effect=NEUTRAL),
         "source_lang": Field("en", NON_EMPTY_STRING, "source language", effect=TOKENIZER),
         "target_lang": Field("de", NON_EMPTY_STRING, "target language", effect=TOKENIZER),
-        "manual_dir": Field("", STRING, "multi30k: the folder of its raw .gz files",
-                            effect=NEUTRAL),
+        "manual_dir": Field(
+            "", STRING, "multi30k: the folder of its raw .gz files (read once, "
+            "into tfds_data_dir)", effect=NEUTRAL),
         "download_url": Field("", STRING, "multi30k: URL base of downloads ('' -> public repo)",
                               effect=NEUTRAL),
         "vocab_size": Field(256, integer(8), "SentencePiece vocabulary (source and target)",
@@ -114,7 +115,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
             fields.Rule(_CHOICE,
                         lambda v: isinstance(v, str) and bool(CHECKPOINT_CHOICE.fullmatch(v))),
             "the checkpoint a table scores: best (validation BLEU) | latest | average:<N> "
-            "(the parameters of the last N saved averaged)"),
+            "(the parameters of the last N saved on schedule averaged)"),
         "other_checkpoints": Field(
             "",
             fields.Rule(
@@ -284,7 +285,10 @@ def replace(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
 def read(path: str) -> RunConfig:
   """The validated config in a config.json (data: nothing in it is executed or unpickled).
 
-  A variant of the user's own must be registered first (`load` imports the run's modules).
+  A variant of the user's own must be registered first (`load` imports the run's modules). A
+  run trained with model.attention_implementation='cudnn' is read on a machine where cuDNN
+  cannot run (evaluated, or resumed, on a CPU) as 'auto', which computes the same function,
+  with a warning.
 
   Raises:
     ValueError: naming the file, when it is not JSON, not a config or not a valid one.
@@ -297,7 +301,20 @@ def read(path: str) -> RunConfig:
   try:
     return validate(data)
   except ValueError as e:
-    raise ValueError(f"{path}: {e}") from None
+    error = e
+  if data.get("model", {}).get("attention_implementation") == "cudnn":
+    data.model.attention_implementation = "auto"
+    try:
+      config = validate(data)
+    except ValueError:
+      pass
+    else:
+      logging.warning(
+          "%s: the run was trained with cuDNN attention, which cannot run here (%s); "
+          "it is read with model.attention_implementation='auto', which computes the "
+          "same function.", path, error)
+      return config
+  raise ValueError(f"{path}: {error}") from None
 
 
 def load(workdir: str) -> RunConfig:
@@ -370,9 +387,22 @@ def differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any
           if plain(old.get(k)) != plain(new.get(k))]
 
 
+def _averages(config: RunConfig) -> bool:
+  """Whether a table scores an `average:N` of the run's checkpoints (decode.checkpoint or
+  decode.other_checkpoints)."""
+  choices = [config.decode.checkpoint, *config.decode.other_checkpoints.split(",")]
+  return any((match := CHECKPOINT_CHOICE.fullmatch(c)) and match[1] for c in choices)
+
+
 def result_differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any]]:
-  """`differences` that change a run's result: a finished run is reused only without any."""
-  return [d for d in differences(before, after) if effect(d[0]) != NEUTRAL]
+  """`differences` that change a run's result: a finished run is reused only without any.
+  train.checkpoint_every_steps counts where a table scores an `average:N`, whose checkpoints
+  it sets."""
+  averaged = _averages(before) or _averages(after)
+  return [
+      d for d in differences(before, after)
+      if effect(d[0]) != NEUTRAL or (averaged and d[0] == "train.checkpoint_every_steps")
+  ]
 
 
 _FIXED_ON_RESUME = {

@@ -14,6 +14,7 @@ The train state and its optimizer are `relpos.train_state`'s; the compiled steps
 """
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 
+from relpos import checkpoint_schedule
 from relpos import checkpoints
 from relpos import device_mesh
 from relpos import evaluate
@@ -49,7 +51,9 @@ def _validate(config: run_config.RunConfig, task: pipeline.Task, steps: steps_li
               state: train_state.TrainState) -> dict[str, Any]:
   """Validation loss and accuracy, and beam-search BLEU / chrF when `decode.validation_bleu`."""
   results = steps_lib.evaluate_loss(
-      steps, state, task.eval_batches(recorder.VALIDATION_SPLIT, config.train.eval_batch_size))
+      steps, state,
+      task.eval_batches(recorder.VALIDATION_SPLIT, config.train.eval_batch_size,
+                        max_len=config.model.max_len))
   if config.decode.validation_bleu:
     scores = evaluate.score_split(train_state.model_from_state(steps.graphdef, state), task,
                                   recorder.VALIDATION_SPLIT, config, mesh=steps.mesh)
@@ -117,7 +121,9 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir):
-    manager = checkpoints.make_manager(workdir, keep=config.train.keep_checkpoints)
+    manager = checkpoints.make_manager(
+        workdir, keep=config.train.keep_checkpoints,
+        scheduled=functools.partial(checkpoint_schedule.on_schedule, train_config=config.train))
     try:
       metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
       resuming = manager.latest_step() is not None
@@ -215,8 +221,7 @@ def step_actions(step: int, train_config: ml_collections.ConfigDict,
   """
   last = train_config.num_steps
   evaluate_now = _is_multiple(step, train_config.eval_every_steps, last)
-  save_now = (evaluate_now or preempted or
-              _is_multiple(step, train_config.checkpoint_every_steps, last))
+  save_now = preempted or checkpoint_schedule.on_schedule(step, train_config)
   return evaluate_now, save_now, save_now or step % train_config.log_every_steps == 0
 
 

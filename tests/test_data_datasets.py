@@ -108,3 +108,50 @@ def test_unreadable_info_folders_are_the_ones_whose_info_is_not_json(tmp_path):
   (bad / "dataset_info.json").write_text("garbage{", encoding="utf-8")
   assert datasets.unreadable_info_folders(str(tmp_path)) == [str(bad)]
   assert os.path.exists(os.path.join(good, "dataset_info.json"))
+
+
+class _FakeBuilder:
+  """A builder over a `disk` (a set of prepared dataset names) several processes share."""
+  name = "fake"
+
+  def __init__(self, disk):
+    self.disk = disk
+
+  def is_prepared(self):
+    return self.name in self.disk
+
+
+@pytest.mark.parametrize("index, shared, prepares", [(0, True, 1), (1, True, 0), (1, False, 1)])
+def test_of_several_processes_the_first_prepares_and_the_others_wait(monkeypatch, index, shared,
+                                                                     prepares):
+  """On a shared data folder only process 0 writes the dataset (they all raced to before); a
+  process whose host has a folder of its own prepares it there after process 0."""
+  disk, calls = set(), []
+  monkeypatch.setattr(datasets.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(datasets.jax, "process_index", lambda: index)
+
+  def sync(name):  # process 0 has written the shared folder by the time the others pass
+    calls.append(name)
+    if shared:
+      disk.add("fake")
+
+  monkeypatch.setattr(datasets.multihost_utils, "sync_global_devices", sync)
+  prepared = []
+  builder = datasets.prepared(lambda: _FakeBuilder(disk), lambda b:
+                              (prepared.append(b), b.disk.add(b.name)))
+  assert builder.is_prepared() and len(prepared) == prepares
+  assert calls == ["relpos: fake prepared"]
+
+
+def test_a_failure_of_process_0_is_raised_after_the_others_stop_waiting(monkeypatch):
+  calls = []
+  monkeypatch.setattr(datasets.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(datasets.jax, "process_index", lambda: 0)
+  monkeypatch.setattr(datasets.multihost_utils, "sync_global_devices", calls.append)
+
+  def fail(builder):
+    raise OSError("download failed")
+
+  with pytest.raises(OSError, match="download failed"):
+    datasets.prepared(lambda: _FakeBuilder(set()), fail)
+  assert calls == ["relpos: fake prepared"]

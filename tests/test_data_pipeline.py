@@ -227,6 +227,24 @@ def test_eval_batches_cover_the_whole_split_untruncated(data_dir):
   assert max(b["inputs"].shape[1] for b in batches) > 8
 
 
+def test_eval_batches_are_padded_no_further_than_a_model_length_they_fit(data_dir):
+  """A learned absolute table has no position past model.max_len: a validation batch of
+  sentences that fit it is not padded past it (a run crashed at its first validation)."""
+  task = pipeline.Task(_task_config(data_dir))
+  unlimited = list(task.eval_batches("test_long", 4))
+  longest = [
+      max(int(b[f"{k}_segmentation"].sum(1).max()) for k in pipeline.FEATURES) for b in unlimited
+  ]
+  assert any(n % pipeline.LENGTH_MULTIPLE for n in longest)
+  fitting = list(task.eval_batches("test_long", 4, max_len=max(longest)))
+  for batch, capped, n in zip(unlimited, fitting, longest):
+    assert capped["inputs"].shape[1] == min(batch["inputs"].shape[1], max(longest))
+    for key in pipeline.BATCH_KEYS:
+      np.testing.assert_array_equal(capped[key], batch[key][:, :capped[key].shape[1]])
+  too_short = list(task.eval_batches("test_long", 4, max_len=min(longest) - 1))
+  assert [b["inputs"].shape for b in too_short] == [b["inputs"].shape for b in unlimited]
+
+
 def test_subsets_say_what_each_held_out_split_holds(task):
   sources = task.source_texts("test_long")
   subsets = dict(task.subsets("test_long"))

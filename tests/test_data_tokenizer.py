@@ -91,3 +91,12 @@ def test_bad_arguments():
     tokenizer_lib.train_tokenizer(SENTENCES, vocab_size=50, model_type="wordpiece", seed=0)
   with pytest.raises(ValueError, match="no sentences"):
     tokenizer_lib.train_tokenizer(["", " "], vocab_size=50, model_type="bpe", seed=0)
+
+
+def test_a_vocabulary_below_the_text_characters_is_named_in_one_line():
+  """SentencePiece's own error is a RuntimeError naming a flag relpos does not expose."""
+  sentences = ["the dog sees the cat", "a small bird sings near the river"] * 20
+  with pytest.raises(
+      ValueError, match=(r"^config field task.vocab_size=10 is below the 20 "
+                         r"pieces the training text needs at least")):
+    tokenizer_lib.train_tokenizer(sentences, vocab_size=10, model_type="unigram", seed=0)

@@ -261,6 +261,24 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   assert (unmasked >= tokenizer.vocab_size).all()  # what the tokenizer would choke on
 
 
+def test_an_eval_batch_size_the_devices_do_not_divide_is_rounded_up():
+  """A run trained with train.eval_batch_size=3 on 1 or 3 devices, evaluated on 4: the batch
+  takes a filler row, and the translations are those of a batch of 4."""
+  tokenizer = tokenizer_lib.train_tokenizer(
+      ["the dog sees the cat", "a small bird sings near the river"] * 50, vocab_size=64,
+      model_type="unigram", seed=0)
+  config = tiny.get_config()
+  model = model_lib.build_model(run_config.validate(config).model, seed=0)
+  texts = ["the dog sees the cat", "a bird", "the river", "a cat", "the small bird"]
+  mesh = device_mesh.make_mesh()
+  assert mesh.size == 4
+  translated = {}
+  for batch_size in (3, 4):
+    config.train.eval_batch_size = batch_size
+    translated[batch_size] = evaluate.translate_texts(model, tokenizer, texts, config, mesh=mesh)
+  assert translated[3] == translated[4] and len(translated[3]) == 5
+
+
 def test_a_learned_absolute_table_translates_every_source_that_fits_it():
   """Batches pad to a multiple of LENGTH_BUCKET, but never past model.max_len when their
   sources fit it: a learned table as long as the source has no position for padding beyond."""
@@ -308,18 +326,6 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
     evaluate.restore_model(workdir, validated, "average:3", mesh)
   with pytest.raises(ValueError, match=r"average:<N> needs an integer N >= 2"):
     evaluate.restore_model(workdir, validated, "average:1", mesh)
-
-
-def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
-  """A run stopped at step 552 and resumed keeps that checkpoint a while: average:N takes the
-  steps an uninterrupted run saves (multiples of the checkpoint or evaluation interval, and the
-  last step), so both average the same parameters."""
-  train_config = ml_collections.ConfigDict(
-      {"checkpoint_every_steps": 100, "eval_every_steps": 500, "num_steps": 1050})
-  assert evaluate.scheduled_steps([552, 500, 600, 700, 1000, 1050, 1051],
-                                  train_config) == [500, 600, 700, 1000, 1050]
-  train_config.checkpoint_every_steps = 300
-  assert evaluate.scheduled_steps([300, 500, 552, 600], train_config) == [300, 500, 600]
 
 
 def test_average_is_of_the_last_checkpoints_on_schedule_or_refused():

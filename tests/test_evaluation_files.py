@@ -48,3 +48,14 @@ def test_the_write_check_leaves_no_folder_or_file_behind(tmp_path):
   (tmp_path / "kept").mkdir()
   evaluation_files.check_writable(str(tmp_path / "kept"))
   assert os.listdir(tmp_path / "kept") == []
+
+
+def test_paths_are_absolute_for_a_relative_output_folder(tmp_path, monkeypatch):
+  """`eval.py --workdir=runs/rel_k` writes into runs/rel_k/eval: its JSON names the files as it
+  names the workdir, absolute, so it can be read from any folder."""
+  monkeypatch.chdir(tmp_path)
+  results = evaluation_files.write_evaluation("runs/eval", "runs", _config(), "best", 7, ["x"], {},
+                                              split="test")
+  stem = str(tmp_path / "runs" / "eval" / "test.best.step7.beam4.alpha0.6")
+  assert results["translations_file"] == stem + ".txt"
+  assert results["workdir"] == str(tmp_path / "runs")

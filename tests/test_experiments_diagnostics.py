@@ -39,8 +39,8 @@ class BatchTask:
   def __init__(self, inputs, targets):
     self.inputs, self.targets = inputs, targets
 
-  def eval_batches(self, split, batch_size):
-    assert split == "test"
+  def eval_batches(self, split, batch_size, max_len=None):
+    assert split == "test" and max_len
     for start in range(0, len(self.inputs), batch_size):
       yield {
           "inputs": self.inputs[start:start + batch_size],

@@ -86,3 +86,32 @@ def test_restore_brings_back_every_table_of_the_folder_so_publishing_keeps_them(
   assert [os.path.basename(w) for w in restored
          ] == ["synthetic-ablation-abs-seed0", "synthetic-k_sweep-k2-seed0"]
   results.check_publish_keeps(str(published_dir), lost, table="ablation", task="synthetic")
+
+
+def test_a_restore_killed_midway_leaves_no_run_folder_and_is_done_again(tmp_path, monkeypatch):
+  """A run folder without its result.json reads as a run begun, which the table trains again
+  from step 0: a restore killed before its result.json was written leaves none."""
+  published_dir = tmp_path / "published"
+  (published_dir / results.TRANSLATIONS_DIR / "synthetic-ablation-abs-seed0").mkdir(parents=True)
+  (published_dir / results.TRANSLATIONS_DIR / "synthetic-ablation-abs-seed0" /
+   "t.txt").write_text("x\n")
+  published = published_dir / "results.json"
+  published.write_text(
+      json.dumps({
+          "runs": [{
+              "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
+              "config": {}, "workdir": "runs/synthetic-ablation-abs-seed0"
+          }]
+      }))
+  lost = tmp_path / "lost"
+  killed = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt())
+  monkeypatch.setattr(results.json_files, "write_json", killed)
+  with pytest.raises(KeyboardInterrupt):
+    results.restore_published(str(published), str(lost), table="ablation", task="synthetic")
+  assert not (lost / results.RUNS_DIR / "synthetic-ablation-abs-seed0").exists()
+  monkeypatch.undo()
+  [workdir] = results.restore_published(str(published), str(lost), table="ablation",
+                                        task="synthetic")
+  assert sorted(os.listdir(lost / results.RUNS_DIR)) == ["synthetic-ablation-abs-seed0"]
+  assert os.path.exists(os.path.join(workdir, results.RESULT_FILE))
+  assert os.listdir(os.path.join(workdir, "eval")) == ["t.txt"]

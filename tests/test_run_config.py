@@ -1,5 +1,6 @@
 """Tests for relpos.run_config: each field's rule, rules across fields, old configs, resuming."""
 import json
+import os
 import re
 import math
 
@@ -242,3 +243,35 @@ def test_packed_runs_may_resume_with_another_batch_size(tmp_path, caplog):
   config.train.batch_size *= 2
   run_config.check_resume(run_config.validate(config), workdir, resuming=True)
   assert "train.batch_size=" in caplog.text
+
+
+def test_a_run_trained_with_cudnn_is_read_on_a_cpu_as_auto(tmp_path, caplog):
+  """Evaluating (or resuming) a GPU run on a CPU: its kernel choice is of the machine, and
+  'auto' computes the same function; any other fault of the file is still named."""
+  workdir, _ = _saved_run(
+      tmp_path,
+      lambda saved: saved["model"].update(attention_implementation="cudnn", dtype="bfloat16"))
+  config = run_config.read(os.path.join(workdir, "config.json"))
+  assert config.model.attention_implementation == "auto" and config.model.dtype == "bfloat16"
+  assert "trained with cuDNN attention, which cannot run here (" in caplog.text
+  workdir, _ = _saved_run(
+      tmp_path,
+      lambda saved: saved["model"].update(attention_implementation="cudnn", dropout_rate=2.0))
+  with pytest.raises(ValueError, match=rf"^{workdir}/config.json: config field model.dropout_rate"):
+    run_config.read(os.path.join(workdir, "config.json"))
+
+
+def test_the_checkpoint_interval_changes_a_result_only_where_checkpoints_are_averaged():
+  """average:10 of checkpoints every 100 steps is another model than of every 500: a finished
+  run is not reused across it; without an average the interval changes nothing scored."""
+  before, after = tiny.get_config(), tiny.get_config()
+  after.train.checkpoint_every_steps = before.train.checkpoint_every_steps + 1
+  assert run_config.result_differences(run_config.validate(before),
+                                       run_config.validate(after)) == []
+  for config in (before, after):
+    config.decode.other_checkpoints = "latest,average:2"
+    config.train.keep_checkpoints = 2
+  assert [
+      d[0] for d in run_config.result_differences(run_config.validate(before),
+                                                  run_config.validate(after))
+  ] == ["train.checkpoint_every_steps"]

@@ -10,10 +10,13 @@ import dataclasses
 import glob
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
+import jax
 import ml_collections
 import tensorflow_datasets as tfds
+from jax.experimental import multihost_utils
 from google.protobuf import json_format
 
 FILE_FORMAT = "array_record"
@@ -85,6 +88,41 @@ class PairBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
                                                      str]]) -> Iterator[tuple[int, dict[str, str]]]:
     for i, (source, target) in enumerate(pairs):
       yield i, {SOURCE_KEY: source, TARGET_KEY: target}
+
+
+Builder = TypeVar("Builder", bound=tfds.core.DatasetBuilder)
+
+
+def prepared(make_builder: Callable[[], Builder], prepare_data: Callable[[Builder],
+                                                                         None]) -> Builder:
+  """A builder whose data is prepared: `prepare_data(builder)` (a download, then `prepare`)
+  runs unless the data is there.
+
+  Under several processes, process 0 prepares first while the others wait, then each of them
+  opens the builder again and prepares only where its host still lacks the data (a data folder
+  of its own): on a shared folder they find it prepared, where all raced to write it (TFDS's
+  final rename fails for all but one, and the others waited in their first collective). When
+  process 0 fails, it raises once the others stopped waiting, and they try for themselves.
+  """
+  builder = make_builder()
+  failure = None
+  if jax.process_index() == 0 and not builder.is_prepared():
+    try:
+      prepare_data(builder)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      if jax.process_count() == 1:
+        raise
+      failure = e
+  if jax.process_count() == 1:
+    return builder
+  multihost_utils.sync_global_devices(f"relpos: {builder.name} prepared")
+  if failure is not None:
+    raise failure
+  if jax.process_index() != 0:
+    builder = make_builder()  # its info as process 0 wrote it
+    if not builder.is_prepared():
+      prepare_data(builder)
+  return builder
 
 
 def prepare(builder: tfds.core.DatasetBuilder) -> None:

@@ -170,11 +170,14 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
   """
   source, target = task_config.source_lang, task_config.target_lang
   raw_dir = task_config.manual_dir or os.path.join(root, "downloads", "multi30k")
-  builder = Multi30k(raw_dir=raw_dir, config=Multi30kConfig(source, target), data_dir=root,
-                     file_format=datasets.FILE_FORMAT)
-  if not builder.is_prepared():
+
+  def download_and_prepare(builder: Multi30k) -> None:
     if not task_config.manual_dir:
       download(task_config.download_url or DEFAULT_URL, raw_dir, (source, target))
     datasets.prepare(builder)
+
+  builder = datasets.prepared(
+      lambda: Multi30k(raw_dir=raw_dir, config=Multi30kConfig(source, target), data_dir=root,
+                       file_format=datasets.FILE_FORMAT), download_and_prepare)
   splits = tuple(split for split in SPLIT_STEMS if split in builder.info.splits)
   return datasets.PairDataset(builder, splits)

@@ -303,18 +303,26 @@ class Task:
         grain.experimental.ThreadPrefetchIterDataset(dataset,
                                                      prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
 
-  def eval_batches(self, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+  def eval_batches(self, split: str, batch_size: int,
+                   max_len: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """The whole split in stored order: nothing dropped or truncated, unpacked.
+
+    Args:
+      split: a split of the task.
+      batch_size: rows per batch.
+      max_len: model.max_len: a batch whose sentences fit it is padded no further (a learned
+        absolute table has no position beyond it).
 
     Yields:
       Batches [batch_size, L] with the keys of BATCH_KEYS, L the batch's longest side rounded
-      up to a multiple of LENGTH_MULTIPLE, plus "example_index" int32 [batch_size]: the row's
-      index in the split, -1 on the filler rows of the last batch (all padding).
+      up to a multiple of LENGTH_MULTIPLE (at most `max_len` where that fits), plus
+      "example_index" int32 [batch_size]: the row's index in the split, -1 on the filler rows
+      of the last batch (all padding).
     """
     examples = self.eval_examples(split)
     for start in range(0, len(examples), batch_size):
       index = np.arange(start, min(start + batch_size, len(examples)))
-      batch = _pad_rows([examples[i] for i in index], batch_size)
+      batch = _pad_rows([examples[i] for i in index], batch_size, max_len)
       batch["example_index"] = np.full((batch_size,), -1, np.int32)
       batch["example_index"][:len(index)] = index
       yield batch
@@ -336,9 +344,11 @@ def _truncate(ids: list[int], max_length: int) -> list[int]:
 def _pad_rows(rows: Sequence[dict[str, np.ndarray]], num_rows: int,
               max_length: int | None = None) -> dict[str, np.ndarray]:
   """Unpacked batch [num_rows, L] of `rows` (then all-padding rows); L = the longest side
-  rounded up to a multiple of LENGTH_MULTIPLE, at most `max_length` when given."""
-  length = _bucket_length(max(len(r[k]) for r in rows for k in FEATURES))
-  length = min(length, max_length or length)
+  rounded up to a multiple of LENGTH_MULTIPLE, at most `max_length` when the rows fit it."""
+  longest = max(len(r[k]) for r in rows for k in FEATURES)
+  length = _bucket_length(longest)
+  if max_length and longest <= max_length:
+    length = min(length, max_length)
   batch = {k: np.zeros((num_rows, length), np.int32) for k in BATCH_KEYS}
   for i, row in enumerate(rows):
     for key in FEATURES:

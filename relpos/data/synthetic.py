@@ -307,7 +307,7 @@ class SyntheticTranslation(datasets.PairBuilder):
 def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
   """The synthetic dataset of `task_config.synthetic`, generated into `root` on first use."""
   params = SyntheticParams(**task_config.synthetic.to_dict())
-  builder = SyntheticTranslation(config=SyntheticBuilderConfig(params), data_dir=root,
-                                 file_format=datasets.FILE_FORMAT)
-  datasets.prepare(builder)
+  builder = datasets.prepared(
+      lambda: SyntheticTranslation(config=SyntheticBuilderConfig(params), data_dir=root, file_format
+                                   =datasets.FILE_FORMAT), datasets.prepare)
   return datasets.PairDataset(builder, SPLITS)

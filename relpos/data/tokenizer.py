@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import random
+import re
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -98,7 +99,8 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
     seed: seeds the sample taken when there are more than MAX_TRAINING_SENTENCES.
 
   Raises:
-    ValueError: an unknown model type or no sentences.
+    ValueError: an unknown model type, no sentences, or a vocabulary smaller than the text's
+      distinct characters (each is a piece of its own: character_coverage=1.0).
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"task.spm_model_type={model_type!r} is invalid: must be one of "
@@ -107,11 +109,19 @@ def train_tokenizer(sentences: Iterable[str], *, vocab_size: int, model_type: st
   if not sentences:
     raise ValueError("cannot train a tokenizer on no sentences.")
   model = io.BytesIO()
-  spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
-                                 vocab_size=vocab_size, model_type=model_type, pad_id=PAD_ID,
-                                 eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, hard_vocab_limit=False,
-                                 character_coverage=1.0, num_threads=1, minloglevel=2,
-                                 input_sentence_size=0, shuffle_input_sentence=False)
+  try:
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
+                                   vocab_size=vocab_size, model_type=model_type, pad_id=PAD_ID,
+                                   eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, hard_vocab_limit=False,
+                                   character_coverage=1.0, num_threads=1, minloglevel=2,
+                                   input_sentence_size=0, shuffle_input_sentence=False)
+  except RuntimeError as e:
+    needed = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", str(e))
+    if needed is None:
+      raise
+    raise ValueError(f"config field task.vocab_size={vocab_size} is below the {needed[1]} pieces "
+                     "the training text needs at least (each of its distinct characters, and "
+                     "pad, eos, unk, is one): set a larger task.vocab_size.") from None
   return Tokenizer(model.getvalue())
 
 

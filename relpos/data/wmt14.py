@@ -43,9 +43,8 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
   if task_config.source_lang == task_config.target_lang:
     raise ValueError(f"config fields task.source_lang and task.target_lang are both "
                      f"{task_config.source_lang!r}: a translation needs two languages.")
-  builder = tfds_wmt14.Wmt14Translate(config=CONFIG, data_dir=root,
-                                      file_format=datasets.FILE_FORMAT)
-  if not builder.is_prepared():
+
+  def prepare_data(builder: tfds_wmt14.Wmt14Translate) -> None:
     if not tensorflow_installed():
       raise FileNotFoundError(  # the prepared data is missing: one line for the user
           f"wmt14_translate/{CONFIG} is not prepared in {root}, and preparing it from the raw "
@@ -53,5 +52,9 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
           f"--file_format={datasets.FILE_FORMAT} --data_dir={root}` where TensorFlow is "
           f"installed, or set task.tfds_data_dir to a folder holding it.")
     datasets.prepare(builder)
+
+  builder = datasets.prepared(
+      lambda: tfds_wmt14.Wmt14Translate(config=CONFIG, data_dir=root, file_format=datasets.
+                                        FILE_FORMAT), prepare_data)
   return datasets.PairDataset(builder, SPLITS, source_key=task_config.source_lang,
                               target_key=task_config.target_lang)

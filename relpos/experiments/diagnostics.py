@@ -171,7 +171,7 @@ def token_accuracy_by_position(model: nnx.Module, task: pipeline.Task, split: st
   """
   correct, count = np.zeros(num_positions, np.int64), np.zeros(num_positions, np.int64)
   eos_correct = eos_count = all_correct = all_count = 0
-  for batch in task.eval_batches(split, batch_size):
+  for batch in task.eval_batches(split, batch_size, max_len=model.config.max_len):
     targets = batch["targets"]  # [batch, t]
     predicted = np.asarray(_predicted_tokens(model, batch["inputs"], targets))  # [batch, t]
     real = targets != tokenizer_lib.PAD_ID

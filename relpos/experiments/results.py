@@ -8,6 +8,7 @@ written before that record it as an absolute path. `workdir_of` reads either.
 """
 import datetime
 import os
+import shutil
 import platform
 from typing import Any
 
@@ -276,10 +277,15 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
       result["restored"]["earlier"] = earlier.get(
           "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]
     translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, name)
-    eval_dir = os.path.join(workdir, workdir_files.EVAL_DIR)
+    # Made aside and renamed into place: a start killed midway leaves no folder that the next
+    # would take for a run begun (and train again from step 0).
+    making = workdir + ".restoring"
+    shutil.rmtree(making, ignore_errors=True)
+    eval_dir = os.path.join(making, workdir_files.EVAL_DIR)
     os.makedirs(eval_dir)
     for file_name in sorted(os.listdir(translations)) if os.path.isdir(translations) else []:
       json_files.copy_file(os.path.join(translations, file_name), os.path.join(eval_dir, file_name))
-    json_files.write_json(os.path.join(workdir, RESULT_FILE), result, indent=1)  # last
+    json_files.write_json(os.path.join(making, RESULT_FILE), result, indent=1)
+    os.rename(making, workdir)
     restored.append(workdir)
   return restored
