@@ -17,9 +17,7 @@ any number of devices restores on any other.
 The model's variables are held as pure nested dicts (`nnx.to_pure_dict`): "params" (nnx.Param)
 and "rng" (nnx.RngState, the dropout stream), which `nnx.merge` turns back into a model.
 """
-import json
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,6 +25,7 @@ from typing import Any, TypeVar
 import grain
 import grain.checkpoint as grain_checkpoint
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
@@ -34,6 +33,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers
 
 from relpos import checkpoint_damage
+from relpos import checkpoint_data
 from relpos import checkpoint_schedule
 from relpos import model as model_lib
 from relpos import model_config
@@ -177,29 +177,6 @@ def step_dir(manager: ocp.CheckpointManager, step: int) -> str:
   return os.path.join(str(manager.directory), str(step))
 
 
-def data_file() -> str:
-  """This process's iterator-state file in a checkpoint's `data/` (grain's naming)."""
-  return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-
-
-def check_process_count(where: str) -> None:
-  """Checks that the data iterators of the checkpoint in `where` were saved by as many
-  processes as this run has (their positions are per process).
-
-  Raises:
-    ValueError: saying how many processes to resume with.
-  """
-  data = os.path.join(where, "data")
-  names = os.listdir(data) if os.path.isdir(data) else []
-  counts = {int(m[1]) for m in (re.fullmatch(r"process_\d+-of-(\d+)\.json", n) for n in names) if m}
-  if counts and jax.process_count() not in counts:
-    raise ValueError(
-        f"checkpoint {where} was written by {min(counts)} processes and this run has "
-        f"{jax.process_count()}: each process's data position is saved apart, so resume with "
-        f"{min(counts)} processes (eval.py reads the checkpoint with any number), or train in a "
-        "new --workdir.")
-
-
 def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -> None:
   """Checks the small files of a checkpoint: the state's metadata and (`with_data`) this
   process's iterator state exist and are whole JSON. The arrays are checked by reading them.
@@ -211,41 +188,12 @@ def check_files(manager: ocp.CheckpointManager, step: int, *, with_data: bool) -
   where = step_dir(manager, step)
   names = [STATE_METADATA]
   if with_data:
-    check_process_count(where)
-    names.append(os.path.join("data", data_file()))
+    checkpoint_data.check_process_count(where)
+    names.append(os.path.join("data", checkpoint_data.data_file()))
   for name in names:
     problem = checkpoint_damage.json_problem(where, name)
     if problem:
       raise checkpoint_damage.DamagedCheckpointError(f"checkpoint {where} is damaged: {problem}.")
-
-
-def _state_paths(state: Any, prefix: str = "") -> set[str]:
-  """The dotted paths of the leaves of a data iterator's JSON state."""
-  if not isinstance(state, dict):
-    return {prefix}
-  return set().union(*(_state_paths(v, f"{prefix}{k}.") for k, v in state.items())) or {prefix}
-
-
-def check_data_position(where: str, data_iterator: grain.DatasetIterator) -> None:
-  """Checks that the data position saved in the checkpoint in `where` has the form this run's
-  iterator saves. One of another pipeline (`task.packing` changed, or a commit that changed
-  `relpos.data`) would fail to restore, or restore somewhere else, and is no damage.
-
-  Raises:
-    ValueError: naming a field of the saved position that this run's iterator lacks, or one
-      it has that the saved position lacks.
-  """
-  with open(os.path.join(where, "data", data_file()), encoding="utf-8") as f:
-    saved = {p.rstrip(".") for p in _state_paths(json.load(f))}
-  current = {p.rstrip(".") for p in _state_paths(data_iterator.get_state())}
-  if saved != current:
-    only_saved, only_current = sorted(saved - current), sorted(current - saved)
-    differs = (f"it has {only_saved[0]!r}, which this run's data iterator lacks" if only_saved else
-               f"it lacks {only_current[0]!r}, which this run's data iterator has")
-    raise ValueError(
-        f"checkpoint {where}: its data position is of another data pipeline ({differs}): "
-        "task.packing, or relpos.data, changed since it was saved; resume with the settings "
-        "and commit it was saved with, or train in a new --workdir.")
 
 
 def _none_ready(manager: ocp.CheckpointManager) -> FileNotFoundError:
@@ -272,21 +220,42 @@ def restore_newest(manager: ocp.CheckpointManager,
   """
   damaged = {}
   while candidates := sorted(set(manager.all_steps()) - set(damaged), reverse=True):
+    step = candidates[0]
     try:
-      return candidates[0], restore_step(candidates[0]), sorted(damaged)
+      restored, error = restore_step(step), None
     except checkpoint_damage.DamagedCheckpointError as e:
-      if os.path.isdir(step_dir(manager, candidates[0])):
-        damaged[candidates[0]] = str(e)
-        logging.warning("%s Trying the checkpoint before it.", e)
-      else:
-        logging.warning(
-            "Checkpoint %s was deleted while it was read (by the run training "
-            "there); trying the one before it.", step_dir(manager, candidates[0]))
-      manager.reload()
+      restored, error = None, e
+    error = _damage_anywhere(manager, step, error)
+    if error is None:
+      return step, restored, sorted(damaged)
+    if os.path.isdir(step_dir(manager, step)):
+      damaged[step] = str(error)
+      logging.warning("%s Trying the checkpoint before it.", error)
+    else:
+      logging.warning(
+          "Checkpoint %s was deleted while it was read (by the run training "
+          "there); trying the one before it.", step_dir(manager, step))
+    manager.reload()
   if damaged:
     raise checkpoint_damage.DamagedCheckpointError(
         f"no checkpoint in {manager.directory} can be restored: " + " ".join(damaged.values()))
   raise _none_ready(manager)
+
+
+def _damage_anywhere(
+    manager: ocp.CheckpointManager, step: int,
+    error: checkpoint_damage.DamagedCheckpointError | None
+) -> checkpoint_damage.DamagedCheckpointError | None:
+  """What made the checkpoint of `step` unrestorable here (`error`) or, of several processes
+  (each reads files of its own), on another: they agree on the step restored, or one would
+  train on another state than the others (and then wait in another collective)."""
+  if jax.process_count() == 1:
+    return error
+  restored_everywhere = multihost_utils.process_allgather(np.int32(error is None)).min()
+  if error is None and not restored_everywhere:
+    return checkpoint_damage.DamagedCheckpointError(
+        f"checkpoint {step_dir(manager, step)} is damaged on another process.")
+  return error
 
 
 def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
@@ -440,7 +409,7 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
     checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
   check_files(manager, step, with_data=True)
-  check_data_position(step_dir(manager, step), data_iterator)
+  checkpoint_data.check_data_position(step_dir(manager, step), data_iterator)
   check_architecture(manager, step, abstract_state["params"])
   with checkpoint_damage.reading(step_dir(manager, step)):
     restored = manager.restore(

@@ -274,7 +274,7 @@ def random_sorted_positions(key: jax.Array, positions: jnp.ndarray,
   sorted subset of range(max_position), drawn uniformly among the subsets of m elements.
 
   The subsets come from Floyd's algorithm, one per segment, in n vectorized steps (exact, and
-  O(n^2) per row instead of sorting max_position scores per segment).
+  O(n^3) work and O(n^2) memory per row instead of sorting max_position scores per segment).
 
   Args:
     key: a jax.random key.

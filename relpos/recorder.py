@@ -5,6 +5,7 @@ early stopping and the best checkpoint are judged by.
 A resumed run reads its history back from `metrics.jsonl` (`relpos.metrics_writer`), so its
 records, its early stopping and its seconds continue as if it had never stopped.
 """
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,7 +86,7 @@ class Recorder:
     self.validation = [r for r in earlier if r["split"] == VALIDATION_SPLIT]
     self._pending: tuple[int, dict[str, jax.Array]] | None = None
     self._sums = {"loss": 0.0, "grad_norm": 0.0}
-    self._count = 0
+    self._counts = {k: 0 for k in self._sums}
     self._start: float | None = None  # set when the first step (and its compilation) is done
     self._steps_timed = 0
 
@@ -114,8 +115,10 @@ class Recorder:
     if not metrics["finite"]:
       self._skip(step, metrics)
       return
-    self._sums = {k: self._sums[k] + metrics[k] for k in self._sums}
-    self._count += 1
+    for k in self._sums:  # a float16 loss-scale overflow: a finite step of infinite grad_norm
+      if math.isfinite(metrics[k]):
+        self._sums[k] += metrics[k]
+        self._counts[k] += 1
     self._progress.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
 
   def _skip(self, step: int, metrics: dict[str, float]) -> None:
@@ -150,7 +153,7 @@ class Recorder:
     (`metrics_writer.elapsed_seconds`); and the machine's `load_average` now
     (`metrics_writer.load_average`), which says whether the steps were timed alone."""
     self.flush()
-    means = {k: v / self._count if self._count else None for k, v in self._sums.items()}
+    means = {k: v / self._counts[k] if self._counts[k] else None for k, v in self._sums.items()}
     elapsed = time.perf_counter() - self._start if self._start is not None else 0.0
     summary = {
         "smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
@@ -160,7 +163,7 @@ class Recorder:
         "load_average": metrics_writer.load_average()
     }
     self._sums = {k: 0.0 for k in self._sums}
-    self._count = 0
+    self._counts = {k: 0 for k in self._sums}
     if self._start is not None:
       self.restart_clock()
     self.last["train"] = summary

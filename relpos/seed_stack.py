@@ -67,18 +67,11 @@ def stacked_batch(steps: steps_lib.Steps,
                   local_batches: Sequence[dict[str, np.ndarray]]) -> steps_lib.Batch:
   """Each seed's rows of this process [rows/process_count, length], stacked on the host into
   one global batch [seeds, rows, length] per key (one transfer a key, as `Steps.global_batch`
-  makes for one seed)."""
+  makes for one seed). Packed batches are all [rows, task.max_length]; length-bucketed ones,
+  each of its own length, are never stacked (`train_seeds`)."""
   sharding = seeds_batch_sharding(steps)
-  stacked = {k: padded_stack([b[k] for b in local_batches]) for k in pipeline.BATCH_KEYS}
+  stacked = {k: np.stack([b[k] for b in local_batches]) for k in pipeline.BATCH_KEYS}
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in stacked.items()}
-
-
-def padded_stack(arrays: Sequence[np.ndarray]) -> np.ndarray:
-  """Batches [rows, length_s] -> [seeds, rows, max length], each padded with 0 at the end (the
-  pipeline's padding: PAD_ID tokens, position 0, segment 0). Unpacked batches are padded to
-  their own longest example, so the seeds' batches of one step may differ in length."""
-  length = max(a.shape[1] for a in arrays)
-  return np.stack([np.pad(np.asarray(a), ((0, 0), (0, length - a.shape[1]))) for a in arrays])
 
 
 def stack(trees: Sequence[Any]) -> Any:
@@ -96,8 +89,9 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
   """Trains (or resumes) the runs of `configs`, seeds of one config, in `workdirs`, as one
   program; see the module docstring.
 
-  Seeds restored at different steps are not stacked: each trains alone after the other
-  (`train.train_and_evaluate`), with a warning.
+  Seeds restored at different steps, or of length-bucketed batches (`task.packing=False`,
+  whose dropout masks would change with the padding), are not stacked: each trains alone
+  after the other (`train.train_and_evaluate`), with a warning.
 
   Args:
     configs: validated configs that differ only in `seed`.
@@ -118,6 +112,11 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
   if len(configs) != len(workdirs):
     raise ValueError(f"{len(configs)} configs and {len(workdirs)} workdirs: one workdir a seed.")
   check_same_but_seed(configs)
+  if not configs[0].task.packing:  # each batch of its own length; dropout's bits depend on it
+    logging.warning("Length-bucketed batches (task.packing=False) differ in length from seed to "
+                    "seed, and padded to one length they draw other dropout masks: each seed "
+                    "trains alone, not stacked.")
+    return [train.train_and_evaluate(c, w) for c, w in zip(configs, workdirs)]
   steps = steps_lib.get_steps(device_mesh.make_mesh(), configs[0].model, configs[0].train)
   with contextlib.ExitStack() as stack_of_workdirs:
     opened = [
@@ -179,7 +178,7 @@ def _stacked_loop(configs: Sequence[run_config.RunConfig], workdirs: Sequence[st
         state = unstack(state, jnp.asarray(kept))
     for run in runs:
       run.records.flush()
-  for run in runs:
-    checkpoints.wait(run.opened.manager)
+    for run in runs:  # under the handler: a SIGTERM now cuts no save short
+      checkpoints.wait(run.opened.manager)
   train.check_interrupted(preemption, runs)
   return [run.result for run in runs]

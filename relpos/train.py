@@ -303,7 +303,7 @@ def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Ste
       if end_step(run, step, state, preemption.reached(step)):
         break
     run.records.flush()
-  checkpoints.wait(opened.manager)
+    checkpoints.wait(opened.manager)  # under the handler: a SIGTERM now cuts no save short
   check_interrupted(preemption, [run])
   return run.result
 

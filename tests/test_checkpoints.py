@@ -296,30 +296,28 @@ def test_best_is_the_newest_of_equal_validations(tmp_path):
   manager.close()
 
 
-class _Iterator:
-  """A data iterator that only says its position."""
-  def __init__(self, state):
-    self.state = state
+class _Manager:
+  """A CheckpointManager stand-in: its steps' folders exist under `directory`."""
+  def __init__(self, directory, steps):
+    self.directory, self.steps = directory, steps
+    for step in steps:
+      os.makedirs(os.path.join(directory, str(step)))
 
-  def get_state(self):
-    return self.state
+  def all_steps(self):
+    return list(self.steps)
+
+  def reload(self):
+    pass
 
 
-def test_a_data_position_of_another_pipeline_is_named_not_damage(tmp_path):
-  """Packed and length-bucketed iterators save positions of other forms: resuming one from the
-  other raised a KeyError inside grain, which a checkpoint read reports as damage (and would set
-  every healthy checkpoint aside)."""
-  packed = {"parent": {"next_index": 22}, "next_row": 0, "counter": 8}
-  os.makedirs(tmp_path / "data")
-  (tmp_path / "data" / checkpoints.data_file()).write_text(json.dumps(packed))
-  checkpoints.check_data_position(str(tmp_path), _Iterator({**packed, "counter": 0}))
-  bucketed = {"parent": {"next_index": 0}, "next_index_in_buffer": 1}
-  with pytest.raises(
-      ValueError, match=(
-          rf"^checkpoint {tmp_path}: its data position is of another data pipeline \(it has "
-          r"'counter', which this run's data iterator lacks\): task.packing, or relpos.data, "
-          r"changed since it was saved; resume with the settings and commit it was saved with, or "
-          r"train in a new --workdir.$")):
-    checkpoints.check_data_position(str(tmp_path), _Iterator(bucketed))
-  with pytest.raises(ValueError, match="it lacks 'next_index_in_buffer', which this run's"):
-    checkpoints.check_data_position(str(tmp_path), _Iterator({**packed, **bucketed}))
+def test_processes_agree_on_the_step_restored(tmp_path, monkeypatch, caplog):
+  """Each process reads files of its own (its data position): one whose newest checkpoint is
+  whole, where another's is damaged, restores the one before it too, as the other does."""
+  manager = _Manager(str(tmp_path), [20, 30])
+  monkeypatch.setattr(checkpoints.jax, "process_count", lambda: 2)
+  gathered = iter([np.array([1, 0]), np.array([1, 1])])  # step 30 failed on process 1
+  monkeypatch.setattr(checkpoints.multihost_utils, "process_allgather",
+                      lambda restored: next(gathered))
+  step, restored, damaged = checkpoints.restore_newest(manager, lambda s: f"state {s}")
+  assert (step, restored, damaged) == (20, "state 20", [30])
+  assert f"checkpoint {tmp_path}/30 is damaged on another process." in caplog.text

@@ -63,6 +63,17 @@ def test_train_summary_means_the_finite_steps_and_names_the_schedule(tmp_path):
   assert records.train_summary(step=4, num_skipped=2)["smoothed_loss"] is None
 
 
+def test_a_float16_overflow_step_leaves_grad_norm_finite(tmp_path):
+  """A loss-scale overflow is a finite step (the scale halves, nothing is skipped) whose
+  gradient norm is infinite: the interval's mean is of the other steps, not inf (null)."""
+  records = make_recorder(tmp_path)
+  records.push(1, step_metrics(4.0) | {"grad_norm": np.float32(np.inf)})
+  records.push(2, step_metrics(2.0))
+  summary = records.train_summary(step=2, num_skipped=0)
+  assert summary["smoothed_loss"] == pytest.approx(3.0)
+  assert summary["grad_norm"] == pytest.approx(4.0)
+
+
 def test_too_many_skipped_updates_raise_naming_the_field(tmp_path):
   records = make_recorder(tmp_path)  # at most 0.25 * 8 = 2 skipped
   for step in (1, 2, 3):

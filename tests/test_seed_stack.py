@@ -162,13 +162,18 @@ def test_a_seed_stopped_early_stays_stopped_when_the_stack_resumes(data_dir, tmp
   assert next(losses[0]) == 1.0 and max(saved_steps(folders[1])) == 10
 
 
-def test_unpacked_batches_of_different_lengths_stack_padded():
-  """Unpacked, each seed's batch is padded to its own longest example: one step may hold a
-  [2, 16] and a [2, 32] batch, stacked as padding (0) to the longer."""
-  short = np.array([[5, 6, 1] + [0] * 13, [7, 1] + [0] * 14], np.int32)
-  long = np.arange(1, 65, dtype=np.int32).reshape(2, 32)
-  stacked = seed_stack.padded_stack([short, long])
-  assert stacked.shape == (2, 2, 32) and stacked.dtype == np.int32
-  np.testing.assert_array_equal(stacked[0, :, :16], short)
-  assert not stacked[0, :, 16:].any()
-  np.testing.assert_array_equal(stacked[1], long)
+def test_length_bucketed_seeds_train_alone(data_dir, tmp_path, monkeypatch, caplog):
+  """Unpacked, each seed's batch has its own length; padded to one, dropout would draw other
+  masks than the seed alone does: the seeds train one after the other."""
+  alone = []
+  monkeypatch.setattr(seed_stack.train, "train_and_evaluate", lambda config, workdir: alone.append(
+      (config.seed, workdir)) or {})
+  configs = [seed_config(data_dir, seed) for seed in SEEDS]
+  configs = [
+      run_config.validate(c.to_dict() | {"task": c.task.to_dict() | {"packing": False}})
+      for c in configs
+  ]
+  folders = workdirs(tmp_path, "unpacked")
+  assert seed_stack.train_seeds(configs, folders) == [{}, {}]
+  assert alone == list(zip(SEEDS, folders))
+  assert "each seed trains alone, not stacked" in caplog.text

@@ -68,7 +68,8 @@ class T5RelativeBias(interface.AttentionPosition):
 class T5(interface.Variant):
   """The T5 bias in encoder and decoder self-attention."""
   fields = {
-      "t5_num_buckets": fields.Field(32, fields.integer(1), "buckets per direction split"),
+      "t5_num_buckets": fields.Field(32, fields.integer(1),
+                                     "buckets in all (the encoder's half each direction)"),
       "t5_max_distance": fields.Field(128, fields.integer(1),
                                       "distances from here on share the last bucket"),
       "t5_shared_across_layers": fields.Field(True, fields.BOOLEAN,
