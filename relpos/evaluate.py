@@ -111,9 +111,9 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   Returns:
     The detokenized translations, in the order of `texts`.
 
-  A progress bar (sentences translated, rate and time left) goes to stderr on process 0; it
-  leaves no line behind. Translations that reach the decode budget without ending are cut
-  there and scored so, with a warning that counts them.
+  Batches run longest first. A progress bar (sentences translated, rate and time left) goes to
+  stderr on process 0; it leaves no line behind. Translations that reach the decode budget
+  without ending are cut there and scored so, with a warning that counts them.
   """
   sharding = NamedSharding(mesh, PartitionSpec(device_mesh.DATA_AXIS))
   translations: list[str] = [""] * len(texts)
@@ -123,7 +123,11 @@ def translate_texts(model: nnx.Module, tokenizer: tokenizer_lib.Tokenizer, texts
   # Rows split evenly over the devices, however many this machine has: a run trained on one
   # count is evaluated on another (filler rows make up the difference).
   batch_size = -(-config.train.eval_batch_size // mesh.size) * mesh.size
-  for example_index, inputs in source_batches(tokenizer, texts, batch_size, config.model.max_len):
+  # The longest batch first: what cannot run (no memory for it, a learned table too short for
+  # its sources) stops before any other work, not after it. The same batches, so the same
+  # translations.
+  batches = list(source_batches(tokenizer, texts, batch_size, config.model.max_len))
+  for example_index, inputs in reversed(batches):
     rows = {"inputs": inputs}
     budget = max_decode_len(inputs.shape[1], config.decode, config.model.max_len)
     if lengths is not None:  # filler rows: eos first

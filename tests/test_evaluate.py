@@ -279,6 +279,28 @@ def test_an_eval_batch_size_the_devices_do_not_divide_is_rounded_up():
   assert translated[3] == translated[4] and len(translated[3]) == 5
 
 
+def test_the_longest_batch_runs_first_so_what_cannot_run_stops_before_any_work(monkeypatch):
+  """A source longer than a learned absolute table fails in the model: with the batches
+  shortest first, it failed after every other translation, which were lost with it."""
+  sentences = ["the dog sees the cat", "a small bird sings near the river"]
+  tokenizer = tokenizer_lib.train_tokenizer(sentences * 50, vocab_size=64, model_type="unigram",
+                                            seed=0)
+  config = tiny.get_config()
+  config.model.update(position="absolute", absolute_type="learned", max_len=16)
+  config.task.max_length = 16
+  config.train.eval_batch_size = 4
+  model = model_lib.build_model(run_config.validate(config).model, seed=0)
+  translated = []
+  translate = evaluate.decode.translate
+  monkeypatch.setattr(
+      evaluate.decode, "translate",
+      lambda model, inputs, **kw: translated.append(inputs.shape) or translate(model, inputs, **kw))
+  texts = ["a bird", "the cat", "a dog", "the river", " ".join(sentences * 3)]
+  with pytest.raises(ValueError, match="longer than the learned absolute table"):
+    evaluate.translate_texts(model, tokenizer, texts, config, mesh=device_mesh.make_mesh())
+  assert len(translated) == 1 and translated[0][1] > 16
+
+
 def test_a_learned_absolute_table_translates_every_source_that_fits_it():
   """Batches pad to a multiple of LENGTH_BUCKET, but never past model.max_len when their
   sources fit it: a learned table as long as the source has no position for padding beyond."""
