@@ -7,15 +7,17 @@ saves a checkpoint and exits with status 0. On several hosts pass --multihost
 (see relpos.distributed.initialize).
 """
 import json
+import os
 
 from absl import app
 from absl import flags
 
 from relpos import cli
+from relpos import source_tree
 from relpos import train
 
 _IMPORT = cli.define_import_flag()  # first: its variants must exist when the config loads
-_CONFIG = cli.define_config_flag("configs/default.py")
+_CONFIG = cli.define_config_flag(os.path.join(source_tree.ROOT, "configs", "default.py"))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
                                required=True)
 _MULTIHOST = cli.define_multihost_flag()

@@ -9,8 +9,9 @@ Select a row, and optionally the task, in the config string:
   --config=configs/ablation.py:rel_k,tiny        # the tiny smoke-test config
   --config=configs/ablation.py:k=4,wmt14         # Table 2 sweep point on the WMT14 base model
 
-or override the task afterwards (`--config.task.name=...`). A sweep over the clipping distance
-runs `k=<k>` for every k in `tables.K_GRID`.
+(the task's model, vocabulary and lengths come with it: name the task here rather than
+overriding `task.name`, which keeps the synthetic ones). A sweep over the clipping distance runs
+`k=<k>` for every k in `tables.K_GRID`.
 """
 import ml_collections
 

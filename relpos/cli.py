@@ -230,6 +230,7 @@ def define_import_flag() -> flags.FlagHolder:
       ".py file), e.g. one that registers a position variant; repeatable.")
   try:
     user_modules.import_modules(_imports_in(sys.argv))
+    model_config.variant_fields()  # a variant's field that clashes: one line here too
   except ValueError as e:
     sys.exit(f"error: {e}")
   return holder

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from relpos import checkpoint_schedule
 from relpos import fields
 from relpos import model_config
 from relpos import json_files
@@ -66,13 +67,14 @@ SECTIONS: dict[str, dict[str, Field]] = {
             "random other one (Kondo et al. 2021); 0: off"),
     },
     "task.synthetic": {
-        "seed": Field(1234, integer(0), "the generated corpus"),
-        "num_train": Field(20000, integer(1), "training pairs"),
+        "seed": Field(1234, integer(0), "the generated corpus", effect=TOKENIZER),
+        "num_train": Field(20000, integer(1), "training pairs", effect=TOKENIZER),
         "num_validation": Field(500, integer(1), "validation pairs"),
         "num_test": Field(500, integer(1), "test pairs"),
         "num_test_long": Field(500, integer(1), "test_long pairs"),
-        "min_words": Field(3, integer(1), "train/validation/test source length range (words)"),
-        "max_words": Field(12, integer(1), ""),
+        "min_words": Field(3, integer(1), "train/validation/test source length range (words)",
+                           effect=TOKENIZER),
+        "max_words": Field(12, integer(1), "", effect=TOKENIZER),
         "long_min_words": Field(13, integer(1), "test_long source length range (words)"),
         "long_max_words": Field(24, integer(1), ""),
     },
@@ -193,7 +195,7 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def _check_between(sections: dict[str, dict[str, Any]],
                    model: model_config.TransformerConfig) -> None:
   """Rules between fields: ranges given as (min, max), lengths against model.max_len, an
-  average of checkpoints against how many are kept."""
+  average of checkpoints against how many are kept and saved."""
   synthetic = sections["task.synthetic"]
   for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
     if synthetic[low] > synthetic[high]:
@@ -203,7 +205,11 @@ def _check_between(sections: dict[str, dict[str, Any]],
     if sections[section][name] > model.max_len:
       raise ValueError(f"config field {section}.{name}={sections[section][name]} must be <= "
                        f"model.max_len={model.max_len}.")
-  decode, keep = sections["decode"], sections["train"]["keep_checkpoints"]
+  decode, train = sections["decode"], sections["train"]
+  keep = train["keep_checkpoints"]
+  saved = len(
+      checkpoint_schedule.scheduled_steps(range(1, train["num_steps"] + 1),
+                                          ml_collections.ConfigDict(train)))
   for name, choices in (("checkpoint", decode["checkpoint"]), ("other_checkpoints",
                                                                decode["other_checkpoints"])):
     for choice in choices.split(","):
@@ -211,6 +217,12 @@ def _check_between(sections: dict[str, dict[str, Any]],
       if chosen and chosen.group(1) and int(chosen.group(1)) > keep:
         raise ValueError(f"config field decode.{name}={choices!r} averages more checkpoints "
                          f"than train.keep_checkpoints={keep} keeps.")
+      if chosen and chosen.group(1) and int(chosen.group(1)) > saved:
+        raise ValueError(
+            f"config field decode.{name}={choices!r} averages more checkpoints than the "
+            f"{saved} a run saves on schedule (train.num_steps={train['num_steps']}, "
+            f"train.checkpoint_every_steps={train['checkpoint_every_steps']}, "
+            f"train.eval_every_steps={train['eval_every_steps']}).")
 
 
 def validate(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunConfig:

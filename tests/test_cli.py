@@ -62,6 +62,24 @@ MISTAKES = [
     ("empty rows", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--rows="],
      "error: --rows is empty: name at least one row, or leave the flag out for all of the "
      "table's rows."),
+    ("a variant's field named like the model's, experiments", {
+        "v.py": "from relpos import fields, variants\n\n\n@variants.register('hd')\n"
+                "class HeadDim(variants.Variant):\n"
+                "  fields = {'head_dim': fields.Field(8, fields.integer(1), 'x')}\n"
+    }, ["-m", "relpos.experiments.run", "--import={tmp}/v.py", "--list"],
+     "error: position variant 'hd' ({tmp}/v.py) declares field model.head_dim, which is the "
+     "Transformer's own"),
+    ("an average of more checkpoints than a run saves", {}, [
+        "train.py", "--workdir={tmp}/run", "--config.decode.checkpoint=average:3",
+        "--config.train.keep_checkpoints=3"
+    ], "error: config field decode.checkpoint='average:3' "
+     "averages more checkpoints than the 2 a run saves on schedule (train.num_steps=1000, "
+     "train.checkpoint_every_steps=500, train.eval_every_steps=500)."),
+    ("an absolute encoding relative attention does not add", {}, [
+        "train.py", "--workdir={tmp}/run", "--config=configs/ablation.py:rel_kv,tiny",
+        "--config.model.absolute_type=learned"
+    ], "error: config field model.absolute_type='learned' is invalid: must be 'sinusoidal' unless "
+     "model.add_absolute=True"),
     ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
                       "--seeds=0"], "error: no seeds to run: --seeds must be at least 1."),
     ("config.json not JSON", {"run/config.json": '{"task": '
@@ -313,6 +331,15 @@ def test_user_mistakes_end_with_one_line(case, files, command, line, tmp_path):
   assert done.stderr.strip().splitlines()[-1].startswith(line.format(tmp=tmp_path)), done.stderr
   assert "Traceback" not in done.stderr
   assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_py_finds_its_default_config_from_any_folder(tmp_path):
+  done = subprocess.run([
+      sys.executable,
+      os.path.join(ROOT, "train.py"), "--workdir=run", "--config.train.num_steps=0"
+  ], cwd=tmp_path, capture_output=True, text=True, check=False)
+  assert done.stderr.strip().splitlines()[-1] == ("error: config field train.num_steps=0 is "
+                                                  "invalid: must be an integer >= 1.")
 
 
 def test_imports_are_found_in_flagfiles_and_with_one_dash(tmp_path):

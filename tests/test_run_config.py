@@ -125,6 +125,11 @@ def test_cross_field_rules():
         r"than train.keep_checkpoints=2 keeps\."):
       run_config.validate(config)
     config.train.keep_checkpoints = 10
+    with pytest.raises(
+        ValueError, match=(rf"decode.{name}='{value}' averages more checkpoints "
+                           r"than the 2 a run saves on schedule")):
+      run_config.validate(config)
+    config.train.checkpoint_every_steps = 100
     run_config.validate(config)
 
 
@@ -191,6 +196,17 @@ def test_validation_bleu_changed_on_resume_stops(tmp_path):
           f"in {workdir} were trained with ({workdir}/config.json): the best checkpoint and early "
           "stopping would rank validation BLEU against validation loss. Resume with "
           "decode.validation_bleu=True or train in a new --workdir.")):
+    run_config.check_resume(run_config.validate(config), workdir, resuming=True)
+
+
+def test_a_change_of_the_generated_corpus_stops_a_resume_naming_it(tmp_path):
+  """The synthetic corpus is the tokenizer's training text: its seed changes the tokenizer."""
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  config.task.synthetic.seed += 1
+  with pytest.raises(
+      ValueError, match=r"^config field task.synthetic.seed=.*the tokenizer would "
+      r"change under the model"):
     run_config.check_resume(run_config.validate(config), workdir, resuming=True)
 
 

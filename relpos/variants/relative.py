@@ -107,6 +107,11 @@ class Relative(interface.Variant):
   def check(cls, config) -> None:
     if config.add_absolute:
       absolute.check_encoding(config)
+    elif config.absolute_type != absolute.ENCODING_FIELDS["absolute_type"].default:
+      raise fields.invalid(  # else the run records an encoding it never had
+          "model.absolute_type", config.absolute_type,
+          f"{absolute.ENCODING_FIELDS['absolute_type'].default!r} unless model.add_absolute=True "
+          "(relative attention alone adds no absolute encoding)")
     if not (config.relative_key or config.relative_value):
       raise fields.invalid(
           "model.relative_key", config.relative_key,
