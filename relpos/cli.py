@@ -174,6 +174,8 @@ def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> 
   """
   while error.args and isinstance(error.args[0], BaseException):
     error = error.args[0]
+  if not isinstance(error, KeyError):  # not ml_collections' missing field: the file's own
+    return _config_error(argv, error)
   message = str(error.args[0]) if error.args else str(error)
   name_line = message.split("\n")[0]
   field = name_line.strip("\"'")
@@ -183,8 +185,21 @@ def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> 
       for arg in argv[1:]
       if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]
   ]
-  return (f"{given[0] if given else 'a config override'}: the config has no field {field!r}."
+  return (f"{given[0] if given else _config_file(argv)}: the config has no field {field!r}."
           f"{fields.did_you_mean(close, given[0].removeprefix('--config.') if given else '')}")
+
+
+def _config_file(argv: Sequence[str]) -> str:
+  """The --config=<file> of a command line, or "the config file" when it names none."""
+  given = [arg.lstrip("-") for arg in argv[1:] if re.match(r"--?config=", arg)]
+  return f"--{given[-1]}" if given else "the config file"
+
+
+def _config_error(argv: Sequence[str], error: BaseException) -> str:
+  """One line for an error a config file raised as it loaded (a SyntaxError, an ImportError, a
+  NameError, no get_config): the file, the error's type and its message's first line."""
+  line = (str(error).strip().splitlines() or [""])[0]
+  return f"{_config_file(argv)}: {type(error).__name__}: {line}".rstrip(": ")
 
 
 @contextlib.contextmanager
@@ -198,6 +213,8 @@ def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
     sys.exit(f"error: {_errno_as_file(_one_line(e))}")
   except (LookupError, AttributeError) as e:  # ml_collections: an override of a missing field
     sys.exit(f"error: {_unknown_field(argv, e)}")
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    sys.exit(f"error: {_config_error(argv, e)}")  # raised by the config file as it loaded
 
 
 def _imports_in(argv: Sequence[str]) -> list[str]:

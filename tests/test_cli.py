@@ -80,6 +80,17 @@ MISTAKES = [
         "--config.model.absolute_type=learned"
     ], "error: config field model.absolute_type='learned' is invalid: must be 'sinusoidal' unless "
      "model.add_absolute=True"),
+    ("a config file that does not parse", {"bad.py": "def get_config(:\n  pass\n"},
+     ["train.py", "--workdir={tmp}/run", "--config={tmp}/bad.py"
+     ], "error: --config={tmp}/bad.py: SyntaxError: invalid syntax (bad.py, line 1)"),
+    ("a config file's own missing field", {
+        "bad.py": "from configs import default\n\n\ndef get_config():\n"
+                  "  config = default.get_config()\n  config.modle.emb_dim = 32\n  return config\n"
+    }, ["train.py", "--workdir={tmp}/run", "--config={tmp}/bad.py"],
+     "error: --config={tmp}/bad.py: the config has no field 'modle'. Did you mean 'model'?"),
+    ("a config file without get_config", {"bad.py": "x = 1\n"},
+     ["train.py", "--workdir={tmp}/run",
+      "--config={tmp}/bad.py"], "error: --config={tmp}/bad.py: AttributeError: module "),
     ("no seeds", {}, ["-m", "relpos.experiments.run", "--output_dir={tmp}/out",
                       "--seeds=0"], "error: no seeds to run: --seeds must be at least 1."),
     ("config.json not JSON", {"run/config.json": '{"task": '
