@@ -121,16 +121,18 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
     raise ValueError(f"workdir {workdir} exists and is not a folder.")
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir):
+    metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
+    resuming = checkpoints.newest_step(workdir) is not None
+    run_config.check_resume(config, workdir, resuming=resuming)
+    task = pipeline.get_task(config.task)
+    if resuming:  # a start that saved no checkpoint trained nothing on its tokenizer
+      metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
+    # Opened once the config and the data are known good: a mistake there leaves no
+    # checkpoints/ folder, and no Orbax thread to report its own shutdown after the error.
     manager = checkpoints.make_manager(
         workdir, keep=config.train.keep_checkpoints,
         scheduled=functools.partial(checkpoint_schedule.on_schedule, train_config=config.train))
     try:
-      metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
-      resuming = manager.latest_step() is not None
-      run_config.check_resume(config, workdir, resuming=resuming)
-      task = pipeline.get_task(config.task)
-      if resuming:  # a start that saved no checkpoint trained nothing on its tokenizer
-        metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
                                            shard_count=jax.process_count())

@@ -115,11 +115,15 @@ def packed_and_alone_logits(model: model_lib.Transformer) -> tuple[np.ndarray, n
 
 def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
   """A small float32 model of `model_config`'s variant and its fields (width 8 a head, one
-  layer a stack, no dropout)."""
+  layer a stack, no dropout), or, where the variant's own rules need the run's sizes (a field
+  bounded by the layer count), one of those sizes."""
+  exact = dict(dtype="float32", dropout_rate=0.0, attention_dropout_rate=0.0)
   width = 8 * model_config.num_heads
-  small = dataclasses.replace(model_config, emb_dim=width, qkv_dim=width, mlp_dim=2 * width,
-                              num_encoder_layers=1, num_decoder_layers=1, dtype="float32",
-                              dropout_rate=0.0, attention_dropout_rate=0.0)
+  try:
+    small = dataclasses.replace(model_config, emb_dim=width, qkv_dim=width, mlp_dim=2 * width,
+                                num_encoder_layers=1, num_decoder_layers=1, **exact)
+  except ValueError:  # the sizes the trial chose are not the user's to be told about
+    small = dataclasses.replace(model_config, **exact)
   return model_lib.build_model(small, 0)
 
 

@@ -218,3 +218,23 @@ def test_a_config_whose_field_holds_a_list_is_tried_once(monkeypatch):
   for _ in range(3):
     variant_trial.check_variant(_config("list_widths2"))
   assert tried == [1]
+
+
+class LayerBound(variants.Variant):
+  """A plug-in whose own field is bounded by the layer count."""
+  fields = {"lb_layers": fields.Field(2, fields.integer(1), "layers with the bias")}
+
+  @classmethod
+  def check(cls, config) -> None:
+    if config.lb_layers > config.num_encoder_layers:
+      raise fields.invalid("model.lb_layers", config.lb_layers,
+                           f"<= the layer count {config.num_encoder_layers}")
+
+
+def test_a_rule_of_the_variant_on_the_run_sizes_holds_in_the_trial():
+  """The trial's one-layer model broke the variant's rule (lb_layers=2 <= 1 layer) and told the
+  user a limit they never set: where the small sizes break a rule, it tries the run's own."""
+  variants.register("layer_bound")(LayerBound)
+  config = model_config.TransformerConfig.from_config(
+      model_fields(position="layer_bound", num_encoder_layers=2, lb_layers=2), VOCAB)
+  variant_trial.check_variant(config)
