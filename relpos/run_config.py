@@ -192,6 +192,12 @@ def _sections(given: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
   return resolved
 
 
+def averaged_count(choice: str) -> int:
+  """N of a checkpoint choice "average:N"; 0 for any other ("best", "latest")."""
+  chosen = CHECKPOINT_CHOICE.fullmatch(choice)
+  return int(chosen[1]) if chosen and chosen[1] else 0
+
+
 def _check_between(sections: dict[str, dict[str, Any]],
                    model: model_config.TransformerConfig) -> None:
   """Rules between fields: ranges given as (min, max), lengths against model.max_len, an
@@ -213,11 +219,10 @@ def _check_between(sections: dict[str, dict[str, Any]],
   for name, choices in (("checkpoint", decode["checkpoint"]), ("other_checkpoints",
                                                                decode["other_checkpoints"])):
     for choice in choices.split(","):
-      chosen = CHECKPOINT_CHOICE.fullmatch(choice)
-      if chosen and chosen.group(1) and int(chosen.group(1)) > keep:
+      if averaged_count(choice) > keep:
         raise ValueError(f"config field decode.{name}={choices!r} averages more checkpoints "
                          f"than train.keep_checkpoints={keep} keeps.")
-      if chosen and chosen.group(1) and int(chosen.group(1)) > saved:
+      if averaged_count(choice) > saved:
         raise ValueError(
             f"config field decode.{name}={choices!r} averages more checkpoints than the "
             f"{saved} a run saves on schedule (train.num_steps={train['num_steps']}, "
@@ -403,7 +408,7 @@ def _averages(config: RunConfig) -> bool:
   """Whether a table scores an `average:N` of the run's checkpoints (decode.checkpoint or
   decode.other_checkpoints)."""
   choices = [config.decode.checkpoint, *config.decode.other_checkpoints.split(",")]
-  return any((match := CHECKPOINT_CHOICE.fullmatch(c)) and match[1] for c in choices)
+  return any(averaged_count(c) for c in choices)
 
 
 def result_differences(before: RunConfig, after: RunConfig) -> list[tuple[str, Any, Any]]:
