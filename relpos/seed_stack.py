@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec
 
+from relpos import config_changes
 from relpos import checkpoints
 from relpos import device_mesh
 from relpos import metrics_writer
@@ -41,7 +42,7 @@ def check_same_but_seed(configs: Sequence[run_config.RunConfig]) -> None:
     ValueError: naming the first other field that differs and its two values.
   """
   for config in configs[1:]:
-    for field, first, other in run_config.differences(configs[0], config):
+    for field, first, other in config_changes.differences(configs[0], config):
       if field != "seed":
         raise ValueError(f"seeds trained as one program must differ only in seed: config field "
                          f"{field} is {first!r} in seed {configs[0].seed}'s config and {other!r} "

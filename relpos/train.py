@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 import tqdm
 from absl import logging
 
+from relpos import config_changes
 from relpos import checkpoint_schedule
 from relpos import checkpoints
 from relpos import device_mesh
@@ -78,8 +79,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     KeyboardInterrupt: after saving, on SIGINT.
     ValueError: an invalid config field (or a position variant of the user's own that fails a
       trial: `variant_trial.check_variant`), a workdir that is a file, checkpoints of another
-      architecture or tokenizer (`run_config.check_resume`) in `workdir`, or written by another
-      number of processes.
+      architecture or tokenizer (`config_changes.check_resume`) in `workdir`, or written by
+      another number of processes.
     checkpoint_damage.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
     recorder.NonFiniteError: a non-finite loss, gradient or updated parameters with
@@ -123,7 +124,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
   with locks.hold(workdir):
     metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
     resuming = checkpoints.newest_step(workdir) is not None
-    run_config.check_resume(config, workdir, resuming=resuming)
+    config_changes.check_resume(config, workdir, resuming=resuming)
     task = pipeline.get_task(config.task)
     if resuming:  # a start that saved no checkpoint trained nothing on its tokenizer
       metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)

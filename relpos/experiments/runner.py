@@ -11,7 +11,7 @@ Layout of `output_dir`:
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.plots_learned`)
 
 A finished run (its `result.json` exists) is skipped when its config equals the request in
-every field that changes a result (`relpos.run_config.result_differences`), else the table stops
+every field that changes a result (`relpos.config_changes.result_differences`), else the table stops
 before any work, naming the field, unless `retrain_changed` moves the run aside to train it
 again. A run killed mid-training resumes from its latest checkpoint; its result records every
 start and commit and the seconds of all of them. Every file is written to a temporary name and
@@ -32,6 +32,7 @@ from typing import Any
 
 from absl import logging
 
+from relpos import config_changes
 from relpos import checkpoints
 from relpos import run_config as config_lib
 from relpos import locks
@@ -293,7 +294,7 @@ def check_made_alike(output_dir: str, runs: Sequence[Run], task: str,
           tables.one_run_config(other["row"], other["seed"], task, overrides))
     except ValueError:
       continue
-    differences = config_lib.result_differences(saved, requested)
+    differences = config_changes.result_differences(saved, requested)
     if differences:
       field, before, asked = differences[0]
       raise ValueError(
@@ -328,7 +329,7 @@ def pending_runs(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | 
     requested = config_lib.validate(tables.one_run_config(run.row, run.seed, task, overrides))
     finished = path == run.result
     differences = [
-        *config_lib.result_differences(saved_config, requested),
+        *config_changes.result_differences(saved_config, requested),
         *_code_differences(run, finished, requested.model.position)
     ]
     if not differences:

@@ -15,6 +15,7 @@ from typing import Any
 
 import ml_collections
 
+from relpos import config_changes
 from relpos import model_config
 from relpos import run_config
 from relpos import source_tree
@@ -292,4 +293,4 @@ def recipe_differences(run: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     return []
   finally:
     absl_logger.setLevel(level)
-  return run_config.result_differences(recipe, saved)
+  return config_changes.result_differences(recipe, saved)
