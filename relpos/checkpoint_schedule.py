@@ -8,6 +8,7 @@ the manager keeps the last `train.keep_checkpoints` saved on schedule, however m
 checkpoints in between, and the newest checkpoint of any kind (to resume from).
 """
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import ml_collections
@@ -24,6 +25,16 @@ def scheduled_steps(steps: Sequence[int], train_config: ml_collections.ConfigDic
   """The steps of `steps` saved on schedule (`on_schedule`), in order: a checkpoint saved on
   SIGTERM in between is left out."""
   return sorted(s for s in steps if on_schedule(s, train_config))
+
+
+def count_on_schedule(train_config: ml_collections.ConfigDict) -> int:
+  """How many checkpoints a run of train.num_steps saves on schedule (counted, not listed:
+  a config is validated often, and num_steps may be in the millions)."""
+  steps = train_config.num_steps
+  every, evaluations = train_config.checkpoint_every_steps, train_config.eval_every_steps
+  both = math.lcm(every, evaluations)
+  last = 0 if steps % every == 0 or steps % evaluations == 0 else 1
+  return steps // every + steps // evaluations - steps // both + last
 
 
 @dataclasses.dataclass

@@ -213,9 +213,7 @@ def _check_between(sections: dict[str, dict[str, Any]],
                        f"model.max_len={model.max_len}.")
   decode, train = sections["decode"], sections["train"]
   keep = train["keep_checkpoints"]
-  saved = len(
-      checkpoint_schedule.scheduled_steps(range(1, train["num_steps"] + 1),
-                                          ml_collections.ConfigDict(train)))
+  saved = checkpoint_schedule.count_on_schedule(ml_collections.ConfigDict(train))
   for name, choices in (("checkpoint", decode["checkpoint"]), ("other_checkpoints",
                                                                decode["other_checkpoints"])):
     for choice in choices.split(","):

@@ -23,6 +23,15 @@ def test_average_leaves_out_checkpoints_saved_on_sigterm_in_between():
   assert not checkpoint_schedule.on_schedule(552, train_config)
 
 
+def test_the_count_on_schedule_is_that_of_the_steps_listed():
+  for every, evaluations, steps in ((500, 500, 1000), (100, 500, 1050), (300, 500, 1000),
+                                    (7, 3, 50), (4, 100, 12), (1000, 1000, 999)):
+    train_config = ml_collections.ConfigDict(
+        {"checkpoint_every_steps": every, "eval_every_steps": evaluations, "num_steps": steps})
+    listed = checkpoint_schedule.scheduled_steps(range(1, steps + 1), train_config)
+    assert checkpoint_schedule.count_on_schedule(train_config) == len(listed)
+
+
 def _save(manager, steps):
   iterator = iter(grain.MapDataset.range(4).to_iter_dataset())
   for step in steps:
