@@ -231,10 +231,10 @@ def _average_count(checkpoint: str | int) -> int | None:
   """N of "average:N" (N >= 2), None for any other checkpoint name."""
   if not (isinstance(checkpoint, str) and checkpoint.startswith(AVERAGE_PREFIX)):
     return None
-  chosen = run_config.CHECKPOINT_CHOICE.fullmatch(checkpoint)
-  if chosen is None:
+  count = run_config.averaged_count(checkpoint)
+  if not count:
     raise ValueError(f"checkpoint={checkpoint!r}: average:<N> needs an integer N >= 2.")
-  return int(chosen.group(1))
+  return count
 
 
 def averaged_steps(workdir: str, steps: Sequence[int], train_config: ml_collections.ConfigDict,
