@@ -51,6 +51,17 @@ def _origin(spec: str) -> str | None:
   return None if found is None else found.origin
 
 
+def _imported_as(origin: str) -> str | None:
+  """The spec under which `import_modules` already imported the file `origin`, if it did (a
+  path given once and a module name the next time: running the file again would register its
+  variants twice, under two module names)."""
+  for spec in _IMPORTED:
+    earlier = _origin(spec)
+    if earlier and os.path.isfile(earlier) and os.path.samefile(earlier, origin):
+      return spec
+  return None
+
+
 def _exit_words(code: Any) -> str:
   """How a module's `sys.exit(code)` is told: "exited with status 3", or with its message."""
   if code is None or isinstance(code, int):
@@ -66,6 +77,9 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
     specs: what --import gave, in order.
     refuse_under: a folder whose code must never run (a workdir being evaluated).
 
+  A file imported already under another spec (its path, then its module name, or the other
+  way round) is not run again.
+
   Raises:
     ValueError: a module that cannot be found or imported, exits (`sys.exit`) while imported,
       or lies under `refuse_under`, naming it.
@@ -80,6 +94,11 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
     ]) == os.path.realpath(refuse_under):
       raise ValueError(f"--import={spec}: {origin} lies inside the workdir {refuse_under}; "
                        f"code found in a workdir is never run.")
+    recorded = origin if _is_file(spec) else spec
+    already = _imported_as(origin) if os.path.isfile(origin) else None
+    if already not in (None, recorded):
+      logging.info("--import=%s: %s was imported already as %s.", spec, origin, already)
+      continue
     try:
       if _is_file(spec):
         _import_file(origin)
@@ -89,7 +108,6 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
       raise ValueError(f"--import={spec} {_exit_words(e.code)} while being imported.") from None
     except Exception as e:  # the user's code: any error is theirs, named in one line
       raise ValueError(f"--import={spec}: importing it failed: {type(e).__name__}: {e}") from e
-    recorded = origin if _is_file(spec) else spec
     if recorded not in _IMPORTED:
       _IMPORTED.append(recorded)
 

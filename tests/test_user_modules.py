@@ -117,3 +117,30 @@ def test_a_variants_file_edited_since_the_last_start_is_warned_of(tmp_path, monk
   metrics_writer.record_start(workdir, 4, "abc", {"file": "/x/mine.py", "sha256": "b" * 64})
   user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), "mine", "resuming")
   assert "was edited" not in caplog.text
+
+
+@pytest.mark.parametrize("first_as_path", [True, False])
+def test_a_file_given_as_a_path_and_as_a_module_name_is_imported_once(first_as_path, tmp_path,
+                                                                      monkeypatch,
+                                                                      variant_registry):  # pylint: disable=unused-argument
+  """A run trained with --import=pkg/twice_variant.py records the path; evaluating it with
+  --import=pkg.twice_variant (or the other way round) must not run the file a second time,
+  which would register its variant again under another module name and be refused."""
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  monkeypatch.syspath_prepend(str(tmp_path))
+  (tmp_path / "pkg").mkdir()
+  path = tmp_path / "pkg" / "twice_variant.py"
+  path.write_text("from relpos import variants\nRUNS = globals().get('RUNS', 0) + 1\n\n"
+                  "@variants.register('twice_variant')\n"
+                  "class TwiceVariant(variants.Variant):\n  pass\n")
+  specs = [str(path), "pkg.twice_variant"]
+  if not first_as_path:
+    specs.reverse()
+  try:
+    for spec in specs:  # --import first, then the run's imports.json
+      user_modules.import_modules([spec])
+    assert user_modules.imported() == specs[:1]
+    assert variants.get("twice_variant").__module__ in ("twice_variant", "pkg.twice_variant")
+  finally:
+    for name in ("twice_variant", "pkg.twice_variant", "pkg"):
+      sys.modules.pop(name, None)
