@@ -198,10 +198,35 @@ def averaged_count(choice: str) -> int:
   return int(chosen[1]) if chosen and chosen[1] else 0
 
 
+# The fields of `task` (and section task.synthetic) that only some tasks read; the synthetic
+# task's languages are fixed (an English-like source, an invented target scored with Moses's
+# "de" rules). Given another value under another task they would change nothing.
+_READ_ONLY_BY = {
+    "source_lang": ("multi30k", "wmt14"),
+    "target_lang": ("multi30k", "wmt14"),
+    "manual_dir": ("multi30k",),
+    "download_url": ("multi30k",),
+    **{f"synthetic.{name}": ("synthetic",) for name in SECTIONS["task.synthetic"]},
+}
+
+
+def _check_task_fields(sections: dict[str, dict[str, Any]]) -> None:
+  """Refuses a task field set away from its default under a task that does not read it."""
+  task = sections["task"]["name"]
+  for name, readers in _READ_ONLY_BY.items():
+    section, _, field = f"task.{name}".rpartition(".")
+    value, default = sections[section][field], SECTIONS[section][field].default
+    if task not in readers and value != default:
+      raise ValueError(f"config field task.{name}={value!r} changes nothing under "
+                       f"task.name={task!r} (read by {' and '.join(readers)} only); leave "
+                       f"it at {default!r}.")
+
+
 def _check_between(sections: dict[str, dict[str, Any]],
                    model: model_config.TransformerConfig) -> None:
   """Rules between fields: ranges given as (min, max), lengths against model.max_len, an
-  average of checkpoints against how many are kept and saved."""
+  average of checkpoints against how many are kept and saved, task fields the task reads."""
+  _check_task_fields(sections)
   synthetic = sections["task.synthetic"]
   for low, high in (("min_words", "max_words"), ("long_min_words", "long_max_words")):
     if synthetic[low] > synthetic[high]:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from configs import default
 from configs import tiny
 from relpos import run_config
 from relpos import scoring
@@ -86,7 +87,7 @@ def test_a_run_without_its_evaluation_or_of_another_task_is_one_line(tmp_path):
   assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == (
       f"error: {workdir}/eval holds no evaluation of test_long at checkpoint best with beam 2, "
       f"alpha 0.6: run python eval.py --workdir={workdir} --split=test_long --checkpoint=best.")
-  config = tiny.get_config()
+  config = default.get_config()  # tiny's task.synthetic sizes are refused under multi30k
   config.task.name = "multi30k"
   run_config.write_to(run_config.validate(config), workdir)
   with pytest.raises(ValueError, match=re.escape(f"{workdir} is a run of task 'multi30k'")):

@@ -2,6 +2,7 @@
 import json
 import os
 import math
+import re
 
 import pytest
 
@@ -104,6 +105,27 @@ def test_model_fields_are_validated(path, value, message):
   _set(config, path, value)
   with pytest.raises(ValueError, match=message):
     run_config.validate(config)
+
+
+@pytest.mark.parametrize("task, field, value", [
+    ("synthetic", "source_lang", "fr"),
+    ("synthetic", "target_lang", "en"),
+    ("synthetic", "manual_dir", "../shared/data/multi30k"),
+    ("wmt14", "download_url", "https://example.org/multi30k"),
+    ("multi30k", "synthetic.num_train", 256),
+])
+def test_a_task_field_the_task_does_not_read_is_refused(task, field, value):
+  """A field set under a task that ignores it would be a silently ignored setting."""
+  config = default.get_config()
+  config.task.name = task
+  _set(config, f"task.{field}", value)
+  words = re.escape(f"config field task.{field}={value!r} changes nothing under "
+                    f"task.name='{task}' (read by ")
+  with pytest.raises(ValueError, match=f"^{words}.* only\\); leave it at "):
+    run_config.validate(config)
+  section, _, name = f"task.{field}".rpartition(".")
+  _set(config, f"task.{field}", run_config.SECTIONS[section][name].default)
+  run_config.validate(config)  # at its default it is accepted
 
 
 def test_cross_field_rules():
