@@ -125,7 +125,7 @@ def test_decode_budget_follows_the_source_length():
   assert evaluate.max_decode_len(160, decode_config, 256) == 20
 
 
-def test_bad_inputs_name_the_culprit(run, tmp_path):
+def test_bad_inputs_name_the_culprit(run, tmp_path, monkeypatch):
   _, workdir, _ = run
   empty = tmp_path / "empty.txt"
   empty.write_bytes(b"")
@@ -153,8 +153,12 @@ def test_bad_inputs_name_the_culprit(run, tmp_path):
     evaluate.evaluate_checkpoint(workdir, split="test", reference_file=str(good))
   with pytest.raises(ValueError, match=r"give exactly one of split \(--split\) and input_file"):
     evaluate.evaluate_checkpoint(workdir, split="test", input_file=str(good))
-  with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
-    evaluate.evaluate_checkpoint(workdir, split="dev")
+  with monkeypatch.context() as patched:  # a mistyped split is refused before data is prepared
+    patched.setattr(pipeline, "get_task", lambda *_: pytest.fail("the task was prepared"))
+    with pytest.raises(
+        ValueError, match="split='dev' is not a split of task 'synthetic'; "
+        "allowed: train, validation, test, test_long."):
+      evaluate.evaluate_checkpoint(workdir, split="dev")
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 in .*saved steps"):
     evaluate.evaluate_checkpoint(workdir, checkpoint=5, split="validation")
   for name in ("newest", "average:1", "400x"):  # refused before any data or checkpoint is read

@@ -49,6 +49,11 @@ TRAIN_PREFETCH_BATCHES = 2
 _LOADERS: dict[str, Callable[[ml_collections.ConfigDict, str], datasets.PairDataset]] = {
     "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load
 }
+# The splits each task can have, known before its data is prepared (a prepared Multi30K has
+# its optional test splits only when their files were there: `Task.splits`).
+SPLIT_NAMES = {
+    "synthetic": synthetic.SPLITS, "multi30k": tuple(multi30k.SPLIT_STEMS), "wmt14": wmt14.SPLITS
+}
 
 
 def _text(value: bytes | str) -> str:
