@@ -117,9 +117,11 @@ def test_annotate_pairs_each_run_with_its_seeds_baseline(tmp_path, monkeypatch):
 
   text = report.render_table([{**r, **_table_fields()} for r in runs[:5]])
   section = text.split("## ablation: paired bootstrap against abs, seed by seed\n\n")[1]
+  assert rel_kv["p_value"] == 1 / 1001
   assert section.split("\n\n")[1:3] == [
-      "test:", "| row | seed 0 | seed 1 |\n| --- | --- | --- |\n"
-      f"| rel_kv | {rel_kv['difference']:+.1f} (p = {rel_kv['p_value']:.2g}) | – |\n"
+      "test:",
+      "| row | seed 0 | seed 1 |\n| --- | --- | --- |\n"
+      f"| rel_kv | {rel_kv['difference']:+.1f} (p ≤ 0.001) | – |\n"  # 1 / (1 + 1000): no resample
       "| none | – | – |"
   ]
   assert re.search(r"paired bootstrap over the test sentences \(`nrefs:1\|bs:1000\|seed:12345",

@@ -41,6 +41,18 @@ def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figure
     assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
 
 
+def test_bleu_vs_length_draws_a_row_whose_runs_lack_per_length_scores(results_path, figures):
+  """Runs restored from before per-length scores existed: the row's panel says so."""
+  results = json.loads(results_path.read_text())
+  for run in results["runs"]:
+    if run["row"] == "none":
+      del run["bleu_by_source_length"]
+  results_path.write_text(json.dumps(results))
+  assert plots.plot_results(str(results_path), "out")
+  panels = [ax for ax in figures["bleu_vs_length.png"].axes if ax.get_visible()]
+  assert panels[2].get_title() == "none (no per-length scores)" and not panels[2].containers
+
+
 def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
   runs = [fake_results.run_record("ablation", "abs", seed, 50.0, 10.0) for seed in range(3)]
   runs.append(fake_results.run_record("ablation", "rel_kv", 0, 60.0, 10.0))
@@ -84,6 +96,8 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position
   entropy = [ax for ax in figures["attention_entropy.png"].axes if ax.get_visible()][0]
   assert entropy.get_title() == "abs"
+  assert figures["attention_entropy.png"]._suptitle.get_text().endswith(  # pylint: disable=protected-access
+      "each row's lowest seed\nsynthetic, length table, 1 seed per row (0)")
   # Per split and layer; position 2 (5 sentences, fewer than 10) is not drawn.
   assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()
          ] == [("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),

@@ -136,3 +136,11 @@ def test_table_md_says_how_the_runs_were_made_otherwise_than_their_recipes():
   assert ("in abs seed 0, shape seeds 0, 1: `train.num_steps=5` (recipe 1000)"
           in report_runs.recipe_lines(runs)[0])
   assert "Made otherwise" in report.render_table(runs[:3])
+
+
+def test_a_bootstrap_p_at_the_least_its_resamples_give_reads_as_a_bound():
+  cell = lambda p, resamples: report_runs._bootstrap_cell(  # pylint: disable=protected-access
+      {"difference": 2.06, "p_value": p, "signature": f"nrefs:1|bs:{resamples}|seed:12345"})
+  assert cell(1 / 1001, 1000) == "+2.1 (p ≤ 0.001)"  # no resample as far apart
+  assert cell(1 / 1001, 10000) == "+2.1 (p = 0.001)"  # 10 of 10,000 resamples
+  assert cell(0.031, 1000) == "+2.1 (p = 0.031)"

@@ -60,6 +60,9 @@ from relpos.experiments import report_runs
 from relpos.experiments import timing
 from relpos.experiments import verdicts
 
+# Beside a row's steps/s when some of its runs were not timed alone (`timing.caveat`).
+UNTIMED_MARK = "†"
+
 # 1: {"runs"} only; 2: + schema_version, written_at, versions and device (file and runs), each
 # run's validation_curve; 3: + each run's time_s; 4: + each run's starts, commits and
 # other_checkpoints, and time_s summed over every start of a run; 5: + each run's length
@@ -131,7 +134,8 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     params = verdicts.field_values(runs, table, row, "num_params")
     speed = verdicts.field_values(runs, table, row, "steps_per_second")
     cells = [row, str(seeds)] + [
-        verdicts.format_mean_std(verdicts.bleu_values(runs, table, row, s)) for s in splits
+        verdicts.format_mean_std_of(verdicts.bleu_values(runs, table, row, s), seeds)
+        for s in splits
     ]
     row_runs = [r for r in table_runs if r["row"] == row]
     cells += [
@@ -140,12 +144,19 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
         for name, _ in beside
     ]
     cells += [_other_checkpoint_cell(row_runs, choice, test_split) for choice in others]
+    untimed_mark = UNTIMED_MARK if any(timing.caveat(r, runs) for r in row_runs) else ""
     cells += [
         paper_cell, f"{params[0]:,}" if params else "–",
-        f"{verdicts.mean_std(speed)[0]:.2f}" if speed else "–"
+        f"{verdicts.mean_std(speed)[0]:.2f}{untimed_mark}" if speed else "–"
     ]
     cell_rows.append(cells)
-  lines = [f"## {table}", "", *markdown.table(header, cell_rows), "", *_time_lines(table_runs)]
+  lines = [f"## {table}", "", *markdown.table(header, cell_rows), ""]
+  if untimed := timing.untimed_runs(runs, table, tuple(rows)):
+    lines += [
+        f"{UNTIMED_MARK} steps/s averages runs not timed alone, so it does not measure the "
+        f"variant: {untimed}.", ""
+    ]
+  lines += _time_lines(table_runs)
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
   for split in [s for s in splits if s != "validation"]:
     buckets = report_length.length_buckets(table_runs, split)
@@ -233,13 +244,12 @@ def render_table(runs: list[dict]) -> str:
   lines += [
       "## The paper's findings, here", "", f"Each finding compares the per-seed values of two rows "
       f"({verdicts.main_test_split(runs)} BLEU unless it says otherwise) by Welch's t-test: "
-      f"difference of means [95% confidence interval], two-sided p. A predicted gap "
-      f"reproduces when it is at least {margin} BLEU (4b: half of rel_kv's gain over none) "
-      f"and significant (p < {verdicts.ALPHA}); a predicted match (1, 3, 4a, 5) reproduces "
-      f"unless the data shows a significant shortfall of more than {margin} BLEU (5: below "
-      f"the speed named). Rows with fewer than {verdicts.MIN_SEEDS} seeds get no verdict; "
-      f"5 is judged only on runs timed alone (no other run of the table beside them, the "
-      f"machine's load average at most its cores + 1 for "
+      f"difference of means [95% confidence interval], two-sided p. {verdicts.RULE} A "
+      f"predicted gap (2, 2b, 4b, 6) must reach {margin} BLEU (4b: half of rel_kv's gain "
+      f"over none); a predicted match (1, 3, 4a) may miss by {margin} BLEU; 5 predicts a drop "
+      f"within 5 points of the paper's. Rows with fewer than {verdicts.MIN_SEEDS} seeds get "
+      f"no verdict; 5 is judged only on runs timed alone (no other run of the table beside "
+      f"them, the machine's load average at most its cores + 1 for "
       f"{1 - timing.LOADED_SHARE_LIMIT:.0%} of their timed steps).", "",
       *markdown.table(["finding", "reproduced", "evidence"],
                       [list(finding) for finding in verdicts.findings(runs)])

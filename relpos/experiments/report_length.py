@@ -235,8 +235,8 @@ def length_findings_lines(runs: list[dict]) -> list[str]:
       "## Length findings", "",
       f"Each finding compares per-seed values by Welch's t-test ((ii): the same runs decoded "
       f"two ways, by a paired t-test): difference of means [95% confidence interval], "
-      f"two-sided p; a gap holds when it is at least {verdicts.MARGIN_BLEU} BLEU and "
-      f"significant (p < {verdicts.ALPHA}). (ii) also gives "
+      f"two-sided p. {verdicts.RULE} Each finding predicts a gap of at least "
+      f"{verdicts.MARGIN_BLEU} BLEU. (ii) also gives "
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
       f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",

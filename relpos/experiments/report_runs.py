@@ -6,6 +6,8 @@ run's time went, and each run's validation curve. Runs are read as results.json 
 (`relpos.experiments.report`'s docstring).
 """
 
+import re
+
 from relpos.experiments import markdown
 from relpos.experiments import tables
 from relpos.experiments import timing
@@ -64,8 +66,12 @@ def _which_runs(held: list[dict], num_runs: int) -> str:
 
 
 def _bootstrap_cell(comparison: dict) -> str:
-  """"+1.2 (p = 0.031)": a run against its seed's baseline by paired bootstrap."""
-  return f"{comparison['difference']:+.1f} (p = {verdicts.format_p(comparison['p_value'])})"
+  """"+1.2 (p = 0.031)": a run against its seed's baseline by paired bootstrap; "p ≤ 0.001"
+  at the least p its resamples can give, 1 / (1 + resamples) (the signature's `bs:N`)."""
+  resamples = re.search(r"(?:^|\|)bs:(\d+)", comparison["signature"])
+  at_floor = resamples and comparison["p_value"] <= 1 / (1 + int(resamples[1])) * (1 + 1e-9)
+  p = verdicts.format_p(comparison["p_value"])
+  return f"{comparison['difference']:+.1f} (p {'≤' if at_floor else '='} {p})"
 
 
 def _has_field(config: dict, field: str) -> bool:

@@ -23,6 +23,12 @@ MARGIN_BLEU = 1.0
 ALPHA = 0.05
 # Fewer seeds per row than this and a finding gets no verdict.
 MIN_SEEDS = 3
+# The verdict of a prediction whose 95% confidence interval straddles its bound (`judge`).
+INCONCLUSIVE = "inconclusive"
+# `judge`'s rule, as the tables state it.
+RULE = ("A prediction holds (yes) when the whole interval lies on its side of the prediction's "
+        "bound, fails (no) when the whole interval lies on the other side, and is inconclusive "
+        "when the interval straddles the bound: the seeds cannot tell.")
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -197,30 +203,36 @@ def format_p(p: float) -> str:
 def judge(
     a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float,
     test: Callable[[Sequence[float], Sequence[float]], Comparison] = welch) -> tuple[str, str]:
-  """Verdict and statistics of a prediction about mean(a) - mean(b).
+  """Verdict and statistics of a prediction about mean(a) - mean(b), from the 95% confidence
+  interval [low, high] of the difference against the prediction's bound (`margin` for a gap,
+  -`margin` for a match): "yes" when the whole interval lies at or above the bound, "no" when
+  it lies below it, "inconclusive" when it straddles it (the seeds cannot tell either way).
 
   Args:
     a, b: one value per seed (by `test`: `welch` for two sets of runs, `paired` for one set
       measured two ways, a[i] and b[i] of the same run).
-    gap: True predicts a above b by at least `margin`, significantly ("yes" only then);
-      False predicts a no worse than b by more than `margin` ("no" only when the data shows,
-      significantly, a larger deficit).
+    gap: True predicts a above b by at least `margin`; False predicts a no worse than b by
+      more than `margin` (a match).
     margin: in the values' unit.
 
   Returns:
-    ("yes" | "no" | "not enough seeds" (fewer than MIN_SEEDS values in a or b),
+    ("yes" | "no" | INCONCLUSIVE | "not enough seeds" (fewer than MIN_SEEDS values in a or b),
      "difference [95% CI], p" or "" without a test).
   """
   if min(len(a), len(b)) < MIN_SEEDS:
     return "not enough seeds", ""
   c = test(a, b)
-  significant = c.p < ALPHA
-  if gap:
-    holds = significant and c.difference >= margin
-  else:
-    holds = not (significant and c.difference < -margin)
-  return ("yes" if holds else "no",
-          f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}")
+  bound = margin if gap else -margin
+  verdict = "yes" if c.low >= bound else "no" if c.high < bound else INCONCLUSIVE
+  return verdict, f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}"
+
+
+def both(first: str, second: str) -> str:
+  """The verdict of two predictions that must both hold: "no" if either is, "yes" if both
+  are, else the first other verdict ("inconclusive", "not enough seeds")."""
+  if "no" in (first, second):
+    return "no"
+  return "yes" if first == second == "yes" else next(v for v in (first, second) if v != "yes")
 
 
 def _extreme_rows(rows: dict[str, list[float]]) -> tuple[str, str]:
@@ -237,7 +249,8 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   k at least.
 
   Returns:
-    (finding, verdict, evidence) triples; verdict is "yes", "no", "not enough seeds",
+    (finding, verdict, evidence) triples; verdict is "yes", "no", "inconclusive" (`judge`),
+    "not enough seeds",
     "not run" where the rows it needs are missing, or (5, speed) "not judged" where a run's
     steps per second were not timed alone (`timing.caveat`).
   """
@@ -266,8 +279,9 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   lowest = _extreme_rows(positive)[1] if positive else None
   k0 = sweep.get("k=0", [])
   check(
-      "2b. k = 0 collapses like no position (within the k sweep)", positive.get(lowest, []), k0,
-      gap=True, evidence=lambda: f"lowest k >= 1, {lowest} {format_mean_std(positive[lowest])}, "
+      "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)",
+      positive.get(lowest, []), k0, gap=True,
+      evidence=lambda: f"lowest k >= 1, {lowest} {format_mean_std(positive[lowest])}, "
       f"vs k=0 {format_mean_std(k0)}")
   flat = {r: v for r, v in sweep.items() if k_of(r) >= 2}
   high, low = _extreme_rows(flat) if len(flat) >= 2 else (None, None)
@@ -288,17 +302,25 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   else:
     check(finding_4b, rel_v, none_, gap=True, margin=half, needs=[rel],
           evidence=lambda: f"{evidence_4b()}, more than half of rel_kv's gain ({half:.1f})")
-  slowest = 1 - paper.SPEED_DROP - 0.05
+  # About SPEED_DROP: rel_kv between `slowest` and `fastest` of abs's steps/s, both shown.
+  slowest, fastest = 1 - paper.SPEED_DROP - 0.05, 1 - paper.SPEED_DROP + 0.05
   s_rel, s_abs = speed("rel_kv"), speed("abs")
   speed_finding = f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second"
   speed_evidence = lambda: (f"drop {1 - mean_std(s_rel)[0] / mean_std(s_abs)[0]:.1%} "
                             f"({mean_std(s_rel)[0]:.2f} vs {mean_std(s_abs)[0]:.2f} steps/s)")
   untimed = timing.untimed_runs(runs, "ablation", ("rel_kv", "abs"))
-  if untimed and min(len(s_rel), len(s_abs)) >= MIN_SEEDS:
+  if not (s_rel and s_abs):
+    out.append((speed_finding, "not run", "–"))
+  elif untimed and min(len(s_rel), len(s_abs)) >= MIN_SEEDS:
     out.append((speed_finding, "not judged", f"{speed_evidence()}, not timed alone: {untimed}"))
   else:
-    check(speed_finding, s_rel, [slowest * s for s in s_abs], gap=False, margin=0.0,
-          evidence=lambda: f"{speed_evidence()}, against {slowest:.0%} of abs, in steps/s")
+    not_slower = judge(s_rel, [slowest * s for s in s_abs], gap=False, margin=0.0)
+    not_faster = judge([fastest * s for s in s_abs], s_rel, gap=False, margin=0.0)
+    statistics = (f": rel_kv - {slowest:.0%} of abs {not_slower[1]}; {fastest:.0%} of abs - "
+                  f"rel_kv {not_faster[1]}, in steps/s" if not_slower[1] else "")
+    out.append((speed_finding, both(not_slower[0], not_faster[0]),
+                f"{speed_evidence()}, a drop of {1 - fastest:.0%} to {1 - slowest:.0%} "
+                f"predicted{statistics}"))
   long_rel, long_abs = bleu("rel_kv", split="test_long"), bleu("abs", split="test_long")
   check(
       "6. (later work) relative beats absolute on longer sentences", long_rel, long_abs, gap=True,
@@ -317,7 +339,8 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   cost on the test split.
 
   Returns:
-    (finding, verdict, evidence) triples; verdict "yes", "no", "not enough seeds" or
+    (finding, verdict, evidence) triples; verdict "yes", "no", "inconclusive", "not enough
+    seeds" or
     "not run".
   """
   table_runs = [r for r in runs if r["table"] == "length"]
