@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from relpos.data.tokenizer import PAD_ID
@@ -330,14 +331,47 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
     max_decode_len was reached) and padded with 0.
 
   Raises:
-    ValueError: on beam_size or max_decode_len < 1, alpha < 0, eos_id = PAD_ID or
-      output_vocab_size <= eos_id.
+    ValueError: on beam_size or max_decode_len < 1, max_decode_len above the model's max_len
+      (cached or not), alpha < 0, eos_id = PAD_ID, output_vocab_size <= eos_id, inputs not
+      [batch, src_len >= 1], or length bounds not [batch] with 1 <= min_len <= max_len <=
+      max_decode_len.
   """
   if beam_size < 1:
     raise ValueError(f"beam_size must be >= 1, got {beam_size}.")
-  graphdef, state = nnx.split(model)
   as_array = lambda bound: None if bound is None else jnp.asarray(bound, jnp.int32)
-  return _translate(graphdef, state, jnp.asarray(inputs, jnp.int32), beam_size=beam_size,
-                    alpha=float(alpha), max_decode_len=max_decode_len, eos_id=eos_id,
-                    use_cache=use_cache, output_vocab_size=output_vocab_size,
-                    min_len=as_array(min_len), max_len=as_array(max_len))
+  inputs, min_len, max_len = jnp.asarray(inputs, jnp.int32), as_array(min_len), as_array(max_len)
+  _check_translate_args(model, inputs, max_decode_len, min_len, max_len)
+  graphdef, state = nnx.split(model)
+  return _translate(graphdef, state, inputs, beam_size=beam_size, alpha=float(alpha),
+                    max_decode_len=max_decode_len, eos_id=eos_id, use_cache=use_cache,
+                    output_vocab_size=output_vocab_size, min_len=min_len, max_len=max_len)
+
+
+def _check_translate_args(model: nnx.Module, inputs: jax.Array, max_decode_len: int,
+                          min_len: jax.Array | None, max_len: jax.Array | None) -> None:
+  """What `translate` refuses before tracing (see its Raises); the bounds' values are read
+  only where this process holds them whole (not across hosts, not traced)."""
+  if inputs.ndim != 2 or inputs.shape[1] < 1:
+    raise ValueError(f"inputs must be int32 [batch, src_len] with src_len >= 1, got shape "
+                     f"{inputs.shape}.")
+  model_max_len = getattr(getattr(model, "config", None), "max_len", None)
+  if model_max_len is not None and max_decode_len > model_max_len:
+    raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len={model_max_len}.")
+  bounds = {"min_len": min_len, "max_len": max_len}
+  for name, bound in bounds.items():
+    if bound is not None and bound.shape != inputs.shape[:1]:
+      raise ValueError(f"{name} must be int32 [batch={inputs.shape[0]}], got shape "
+                       f"{bound.shape}.")
+  if any(
+      isinstance(b, jax.core.Tracer) or not b.is_fully_addressable
+      for b in bounds.values()
+      if b is not None):
+    return
+  batch = inputs.shape[0]
+  low = np.ones(batch, int) if min_len is None else np.asarray(min_len)
+  high = np.full(batch, max_decode_len) if max_len is None else np.asarray(max_len)
+  wrong = np.flatnonzero((low < 1) | (low > high) | (high > max_decode_len))
+  if wrong.size:
+    row = int(wrong[0])
+    raise ValueError(f"length bounds must hold 1 <= min_len <= max_len <= max_decode_len="
+                     f"{max_decode_len}; row {row} has min_len {low[row]}, max_len {high[row]}.")

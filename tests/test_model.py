@@ -173,6 +173,31 @@ def test_dropout_only_in_training():
   assert np.abs(first - second).max() > 1e-3 and np.abs(first - eval_logits).max() > 1e-3
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("arguments, message", [
+    ({"inputs": jnp.zeros((2, 0), jnp.int32)}, r"inputs must be int32 \[batch, src_len\] with "
+     r"src_len >= 1, got shape \(2, 0\)"),
+    ({"max_decode_len": 1000}, "max_decode_len=1000 exceeds model.max_len="),
+    ({"min_len": [1, 2, 3]}, r"min_len must be int32 \[batch=2\], got shape \(3,\)"),
+    ({"min_len": [3, 3], "max_len": [2, 5]}, r"1 <= min_len <= max_len <= max_decode_len=6; "
+     "row 0 has min_len 3, max_len 2"),
+    ({"max_len": [4, 7]}, "row 1 has min_len 1, max_len 7"),
+    ({"min_len": [0, 2]}, "row 0 has min_len 0"),
+])
+def test_translate_refuses_what_it_cannot_decode(use_cache, arguments, message):
+  """Refused before tracing, the uncached reference as the cached search (before, a source
+  without tokens failed deep in jit, bounds that allow no length emitted padding, and only the
+  cached search checked max_len)."""
+  model = make_model(position="relative", num_encoder_layers=1)
+  inputs = jnp.array([[3, 4, 1], [5, 1, 0]])
+  with pytest.raises(ValueError, match=message):
+    decode.translate(
+        model, **{
+            "inputs": inputs, "max_decode_len": 6, "beam_size": 2, "use_cache": use_cache,
+            **arguments
+        })
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_translate_equals_uncached_search(beam_size):
   model = make_model(position="relative", num_encoder_layers=1, logits_via_embedding=False)

@@ -112,11 +112,13 @@ def _attend_with_relative_values_bwd(max_distance, dropout_rate, residuals, cota
   d_rel_value = jnp.swapaxes(
       jnp.einsum(f"bhqd,bhqr->{'dr' if rel_value.ndim == 2 else 'hdr'}", cotangent,
                  sums.astype(value.dtype)), -1, -2)
+  # Accumulated in float32 as the forward's logits are: the softmax VJP below subtracts sums of
+  # these, which bfloat16 results would round to 8 bits first.
   # [b, h, q, d] x [(h,) 2k+1, d] -> [b, h, q, 2k+1]
-  d_sums = jnp.einsum(distances_lib.table_einsum("bhqd", rel_value, "bhqr"), cotangent,
-                      rel_value).astype(jnp.float32)
+  d_sums = jnp.einsum(distances_lib.table_einsum("bhqd", rel_value, "bhqr"), cotangent, rel_value,
+                      preferred_element_type=jnp.float32)
   # [b, h, q, d] x [b, h, k, d] -> [b, h, q, k]
-  d_dropped = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value).astype(jnp.float32)
+  d_dropped = jnp.einsum("bhqd,bhkd->bhqk", cotangent, value, preferred_element_type=jnp.float32)
   d_weights = _dropped(d_dropped, keep, dropout_rate)  # [b, h, q, k]
   # Softmax VJP: weights * (d - sum_j weights * d), with sum_j dropped * gathered d_sums
   # = sum_r sums * d_sums. The barrier keeps the gather out of the dot-product fusion.
