@@ -117,9 +117,8 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     return None
   rows = verdicts.rows_in_order(ablation_runs, "ablation")
   curves = {  # row -> (x, means, stds); empty for a row whose runs lack per-length scores
-      row:
-          _bucket_points(verdicts.runs_of_row(ablation_runs, "ablation", row), buckets, _plain_bleu)
-      for row in rows
+      row: _bucket_points(verdicts.runs_of_row(ablation_runs, "ablation", row), buckets,
+                          report_length.bleu_at_length) for row in rows
   }
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
   boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
@@ -186,15 +185,6 @@ def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]],
   return tuple(np.array(column) for column in zip(*points)) if points else ((), (), ())
 
 
-def _plain_bleu(run: dict, split: str, bucket: str) -> float | None:
-  return run.get("bleu_by_source_length", {}).get(split, {}).get(bucket)
-
-
-def _oracle_bleu(run: dict, split: str, bucket: str) -> float | None:
-  oracle = run.get("oracle_length", {}).get(split, {})
-  return oracle.get("bleu_by_source_length", {}).get(bucket)
-
-
 def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
   stats = run.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
   return stats[bucket]["ratio"] if bucket in stats else None
@@ -229,10 +219,10 @@ def plot_length_oracle(runs: list[dict], path: str) -> str | None:
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
   for ax, row in zip(axes, rows):
     row_runs = [r for r in table if r["row"] == row]
-    ax.errorbar(*_bucket_points(row_runs, buckets, _plain_bleu), fmt="o-", color="C0", capsize=3,
-                markersize=4, label="beam search")
-    ax.errorbar(*_bucket_points(row_runs, buckets, _oracle_bleu), fmt="s--", color="C3", capsize=3,
-                markersize=4, label="oracle length")
+    ax.errorbar(*_bucket_points(row_runs, buckets, report_length.bleu_at_length), fmt="o-",
+                color="C0", capsize=3, markersize=4, label="beam search")
+    ax.errorbar(*_bucket_points(row_runs, buckets, report_length.oracle_bleu_at_length), fmt="s--",
+                color="C3", capsize=3, markersize=4, label="oracle length")
     ax.set_title(row, fontsize=9)
     _bucket_axis(ax, buckets)
   axes[0].legend(fontsize=7)

@@ -158,24 +158,11 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     ]
   lines += _time_lines(table_runs)
   with_oracle = all("oracle_length" in r for r in table_runs)  # its BLEU by length below
-  for split in [s for s in splits if s != "validation"]:
-    buckets = report_length.length_buckets(table_runs, split)
-    if not buckets or with_oracle:
-      continue
-    cell_rows = []
-    for row in rows:
-      cells = [row]
-      for bucket in buckets:
-        values = [
-            r["bleu_by_source_length"][split][bucket] for r in runs if r["table"] == table and
-            r["row"] == row and bucket in r.get("bleu_by_source_length", {}).get(split, {})
-        ]
-        cells.append(verdicts.format_mean_std(values))
-      cell_rows.append(cells)
-    lines += [
-        f"BLEU by source length (words), {split}:", "",
-        *markdown.table(["row", *map(report_length.bucket_label, buckets)], cell_rows), ""
-    ]
+  for split in [s for s in splits if s != "validation" and not with_oracle]:
+    lines += report_length.bucket_table(
+        table_runs, rows, table, split, f"BLEU by source length (words), {split}:",
+        lambda row_runs, bucket, split=split: verdicts.format_mean_std(
+            report_length.values_at_length(row_runs, split, bucket, report_length.bleu_at_length)))
   return [
       *lines, *report_length.subset_lines(table_runs, rows),
       *report_length.diagnostics_lines(runs, table, rows)

@@ -15,12 +15,25 @@ def bucket_label(bucket: str) -> str:
 
 
 def length_buckets(runs: list[dict], split: str) -> list[str]:
-  buckets = []
-  for run in runs:
-    for bucket in run.get("bleu_by_source_length", {}).get(split, {}):
-      if bucket not in buckets:
-        buckets.append(bucket)
+  """The source-length buckets ("4-11") any of `runs` scores `split` by, shortest first."""
+  buckets = {b for run in runs for b in run.get("bleu_by_source_length", {}).get(split, {})}
   return sorted(buckets, key=lambda b: int(b.split("-")[0]))
+
+
+def bleu_at_length(run: dict, split: str, bucket: str) -> float | None:
+  """A run's BLEU on the sources of `split` in length `bucket` (None: not scored)."""
+  return run.get("bleu_by_source_length", {}).get(split, {}).get(bucket)
+
+
+def oracle_bleu_at_length(run: dict, split: str, bucket: str) -> float | None:
+  """`bleu_at_length` of the run's oracle-length decoding (None: not decoded so)."""
+  oracle = run.get("oracle_length", {}).get(split, {})
+  return oracle.get("bleu_by_source_length", {}).get(bucket)
+
+
+def values_at_length(runs: list[dict], split: str, bucket: str, value) -> list[float]:
+  """value(run, split, bucket) of each of `runs` that has it (`bleu_at_length`, ...)."""
+  return [v for v in (value(r, split, bucket) for r in runs) if v is not None]
 
 
 def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
@@ -97,8 +110,8 @@ def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
   ]
 
 
-def _bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
-                  cell) -> list[str]:
+def bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
+                 cell) -> list[str]:
   """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
   buckets = length_buckets(runs, split)
   if not buckets:
@@ -120,16 +133,8 @@ def diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str
   for split in [s for s in verdicts.splits_in_order(table_runs) if s != "validation"]:
 
     def bleu_cell(row_runs, bucket, split=split):
-      plain = [
-          r["bleu_by_source_length"][split][bucket]
-          for r in row_runs
-          if bucket in r.get("bleu_by_source_length", {}).get(split, {})
-      ]
-      oracle = [
-          r["oracle_length"][split]["bleu_by_source_length"][bucket]
-          for r in row_runs
-          if bucket in r.get("oracle_length", {}).get(split, {}).get("bleu_by_source_length", {})
-      ]
+      plain = values_at_length(row_runs, split, bucket, bleu_at_length)
+      oracle = values_at_length(row_runs, split, bucket, oracle_bleu_at_length)
       return f"{verdicts.format_mean_std(plain)} → {verdicts.format_mean_std(oracle)}"
 
     def ratio_cell(row_runs, bucket, split=split):
@@ -141,10 +146,10 @@ def diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str
       return (f"{verdicts.format_ratio([x['ratio'] for x in stats])} "
               f"({verdicts.format_percent([x['shorter'] for x in stats])} short)") if stats else "–"
 
-    lines += _bucket_table(table_runs, rows, table, split,
-                           f"BLEU → BLEU at oracle length, by source length (words), {split}:",
-                           bleu_cell)
-    lines += _bucket_table(
+    lines += bucket_table(table_runs, rows, table, split,
+                          f"BLEU → BLEU at oracle length, by source length (words), {split}:",
+                          bleu_cell)
+    lines += bucket_table(
         table_runs, rows, table, split,
         f"Length ratio (target tokens) and share of early stops, by source "
         f"length (words), {split}:", ratio_cell)

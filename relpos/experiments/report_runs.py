@@ -23,12 +23,7 @@ LOWER_CASED_SCORES = (("bleu_lowercase", "lower-cased"), ("bleu_tokenized_lowerc
 def other_checkpoints(runs: list[dict]) -> list[str]:
   """The checkpoint choices scored beside the main one (`decode.other_checkpoints`) in any of
   `runs`, in order of first appearance."""
-  choices = []
-  for run in runs:
-    for choice in run.get("other_checkpoints", {}):
-      if choice not in choices:
-        choices.append(choice)
-  return choices
+  return list(dict.fromkeys(choice for run in runs for choice in run.get("other_checkpoints", {})))
 
 
 def recipe_lines(runs: list[dict]) -> list[str]:

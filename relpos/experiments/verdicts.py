@@ -73,20 +73,12 @@ def format_ratio(values: Sequence[float]) -> str:
 
 def rows_in_order(runs: list[dict], table: str) -> list[str]:
   """The rows of `table` in `runs`, in order of first appearance."""
-  rows = []
-  for run in runs:
-    if run["table"] == table and run["row"] not in rows:
-      rows.append(run["row"])
-  return rows
+  return list(dict.fromkeys(run["row"] for run in runs if run["table"] == table))
 
 
 def splits_in_order(runs: list[dict]) -> list[str]:
   """The scored splits of `runs`: validation first, then in order of first appearance."""
-  splits = []
-  for run in runs:
-    for split in run["scores"]:
-      if split not in splits:
-        splits.append(split)
+  splits = dict.fromkeys(split for run in runs for split in run["scores"])
   return sorted(splits, key=lambda s: s != "validation")
 
 
