@@ -181,3 +181,11 @@ def test_p_values_never_round_across_the_significance_level():
   assert verdicts.format_p(0.0504) == "0.05"  # not below the level, as its p
   assert verdicts.format_p(0.062) == "0.062" and verdicts.format_p(6.6e-05) == "6.6e-05"
   assert verdicts.format_p(0.5) == "0.5" and verdicts.format_p(1.0) == "1"
+
+
+def test_a_drop_under_the_margin_has_no_recovered_share():
+  """A 0.1 BLEU drop would make a 1 BLEU oracle gain read as 1,000% recovered."""
+  runs = [r for r in fake_results.length_runs() if r["row"] == "abs"]
+  assert verdicts.recovered_shares(runs, "test", "test_long") == [0.5, 0.5, 0.5]
+  runs[0]["scores"]["test"]["bleu"] = runs[0]["scores"]["test_long"]["bleu"] + 0.1
+  assert verdicts.recovered_shares(runs, "test", "test_long") == [0.5, 0.5]

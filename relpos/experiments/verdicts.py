@@ -129,14 +129,15 @@ def length_values(runs: list[dict], split: str, name: str) -> list[float]:
 
 def recovered_shares(runs: list[dict], test_split: str, long: str) -> list[float]:
   """Per run: the share of its drop (test BLEU minus long-split BLEU) that oracle-length
-  decoding of the long split recovers, (oracle - long) / (test - long); runs without a drop
-  or an oracle score are left out."""
+  decoding of the long split recovers, (oracle - long) / (test - long); runs without an
+  oracle score, or whose drop is under MARGIN_BLEU (a share of almost nothing, unbounded),
+  are left out."""
   shares = []
   for r in runs:
     if long not in r.get("oracle_length", {}) or test_split == long:
       continue
     test, plain = r["scores"][test_split]["bleu"], r["scores"][long]["bleu"]
-    if test > plain:
+    if test - plain >= MARGIN_BLEU:
       shares.append((r["oracle_length"][long]["bleu"] - plain) / (test - plain))
   return shares
 
