@@ -177,3 +177,16 @@ def test_length_bucketed_seeds_train_alone(data_dir, tmp_path, monkeypatch, capl
   assert seed_stack.train_seeds(configs, folders) == [{}, {}]
   assert alone == list(zip(SEEDS, folders))
   assert "each seed trains alone, not stacked" in caplog.text
+
+
+def test_seeds_that_resume_from_different_steps_train_one_by_one(stacked, data_dir, tmp_path,
+                                                                 caplog):
+  """Seed 0 finished, seed 1 not started: the stack is left (its workdirs closed, their locks
+  released) and each seed trains alone; the finished one is not trained again."""
+  configs, folders, _ = stacked
+  mixed = workdirs(tmp_path, "mixed")
+  shutil.copytree(folders[0], mixed[0])
+  results = seed_stack.train_seeds(configs, mixed)
+  assert "The seeds resume from different steps" in caplog.text
+  assert [r["step"] for r in results] == [12, 12]
+  assert_params_close(mixed[1], folders[1])  # seed 1 alone, as it trained in the stack
