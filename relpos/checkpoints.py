@@ -258,6 +258,21 @@ def _damage_anywhere(
   return error
 
 
+def _checked_everywhere(manager: ocp.CheckpointManager, step: int, checks: Callable[[],
+                                                                                    None]) -> None:
+  """Runs this process's `checks` of the checkpoint of `step` (its files, data position,
+  architecture); with several processes they agree before any process enters Orbax's restore,
+  whose closing barrier one that raised would never reach: damage found on one process raises
+  DamagedCheckpointError on every one (`_damage_anywhere`)."""
+  try:
+    checks()
+    error = None
+  except checkpoint_damage.DamagedCheckpointError as e:
+    error = e
+  if (error := _damage_anywhere(manager, step, error)) is not None:
+    raise error
+
+
 def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
   """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/damaged_checkpoints/`
   (`workdir_files.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
@@ -377,8 +392,12 @@ def restore_model(manager: ocp.CheckpointManager, step: int,
     checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
   graphdef, params, rng = model_lib.abstract_model(model_config)
-  check_files(manager, step, with_data=False)
-  check_architecture(manager, step, params)
+
+  def checks():
+    check_files(manager, step, with_data=False)
+    check_architecture(manager, step, params)
+
+  _checked_everywhere(manager, step, checks)
   target = dict(_as_saved(manager, step, sharding))
   target.update(params=_with_sharding(params, sharding),
                 rng=keys_to_data(_with_sharding(rng, sharding)))
@@ -408,9 +427,12 @@ def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict[str,
       of processes to resume with, or a data position of another pipeline.
     checkpoint_damage.DamagedCheckpointError: naming what is missing or unreadable.
   """
-  check_files(manager, step, with_data=True)
-  checkpoint_data.check_data_position(step_dir(manager, step), data_iterator)
-  check_architecture(manager, step, abstract_state["params"])
+  def checks():
+    check_files(manager, step, with_data=True)
+    checkpoint_data.check_data_position(step_dir(manager, step), data_iterator)
+    check_architecture(manager, step, abstract_state["params"])
+
+  _checked_everywhere(manager, step, checks)
   with checkpoint_damage.reading(step_dir(manager, step)):
     restored = manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.StandardRestore(keys_to_data(abstract_state)),

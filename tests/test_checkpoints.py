@@ -321,3 +321,31 @@ def test_processes_agree_on_the_step_restored(tmp_path, monkeypatch, caplog):
   step, restored, damaged = checkpoints.restore_newest(manager, lambda s: f"state {s}")
   assert (step, restored, damaged) == (20, "state 20", [30])
   assert f"checkpoint {tmp_path}/30 is damaged on another process." in caplog.text
+
+
+def test_damage_one_process_finds_stops_every_process_before_orbax_reads(
+    reference, data_dir, tmp_path, monkeypatch, caplog):
+  """Process 1 finds checkpoint 30's files damaged (its own data position, say); process 0, whose
+  files are whole, must not enter Orbax's restore of 30 (its closing barrier, which process 1
+  never reaches): both agree first, and both restore 28."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(reference, workdir)
+
+  class TwoProcesses:  # as relpos.checkpoints sees jax; Orbax still sees the one process
+    process_count = staticmethod(lambda: 2)
+    __getattr__ = lambda self, name: getattr(jax, name)
+
+  monkeypatch.setattr(checkpoints, "jax", TwoProcesses())
+  gathered = iter([[1, 0], [1, 0], [1, 1], [1, 1]])  # 30: before and after; then 28 alike
+  monkeypatch.setattr(checkpoints.multihost_utils, "process_allgather",
+                      lambda restored: np.array(next(gathered)))
+  read = []
+  orbax_restore = checkpoints.ocp.CheckpointManager.restore
+  monkeypatch.setattr(
+      checkpoints.ocp.CheckpointManager, "restore",
+      lambda self, step, **kwargs: read.append(step) or orbax_restore(self, step, **kwargs))
+  validated = run_config.validate(make_config(data_dir, KILL_RUN))
+  _, step = evaluate.restore_model(workdir, validated, "latest", device_mesh.make_mesh())
+  assert (step, read) == (28, [28])
+  assert f"checkpoint {checkpoints.checkpoint_dir(workdir)}/30 is damaged on another process" in (
+      caplog.text)
