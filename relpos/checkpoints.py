@@ -219,8 +219,7 @@ def restore_newest(manager: ocp.CheckpointManager,
     checkpoint_damage.DamagedCheckpointError: every checkpoint is damaged (each named).
   """
   damaged = {}
-  while candidates := sorted(set(manager.all_steps()) - set(damaged), reverse=True):
-    step = candidates[0]
+  while (step := agreed(max(set(manager.all_steps()) - set(damaged), default=-1))) >= 0:
     try:
       restored, error = restore_step(step), None
     except checkpoint_damage.DamagedCheckpointError as e:
@@ -240,6 +239,15 @@ def restore_newest(manager: ocp.CheckpointManager,
     raise checkpoint_damage.DamagedCheckpointError(
         f"no checkpoint in {manager.directory} can be restored: " + " ".join(damaged.values()))
   raise _none_ready(manager)
+
+
+def agreed(step: int) -> int:
+  """`step` as process 0 chose it. Each process lists the checkpoints itself, and one that
+  lists while a training run commits a step sees it where another does not: restoring
+  different steps, they would translate a split with two models."""
+  if jax.process_count() == 1:
+    return step
+  return int(multihost_utils.broadcast_one_to_all(np.int32(step)))
 
 
 def _damage_anywhere(

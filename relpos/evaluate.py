@@ -286,11 +286,14 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
     average = _average_count(checkpoint)
     if average is not None:
       checkpoints.resolve_step(manager, "latest")  # says so when no checkpoint is ready
-      steps = averaged_steps(workdir, manager.all_steps(), config.train, average)
+      steps = [
+          checkpoints.agreed(s)
+          for s in averaged_steps(workdir, manager.all_steps(), config.train, average)
+      ]
       logging.info("Averaging the parameters of steps %s.", steps)
       return average_parameters([restore_step(s) for s in steps]), steps[-1]
     if checkpoint != "latest":
-      step = checkpoints.resolve_step(manager, checkpoint)
+      step = checkpoints.agreed(checkpoints.resolve_step(manager, checkpoint))
       return restore_step(step), step
     step, model, damaged = checkpoints.restore_newest(manager, restore_step)
   finally:

@@ -318,9 +318,23 @@ def test_processes_agree_on_the_step_restored(tmp_path, monkeypatch, caplog):
   gathered = iter([np.array([1, 0]), np.array([1, 1])])  # step 30 failed on process 1
   monkeypatch.setattr(checkpoints.multihost_utils, "process_allgather",
                       lambda restored: next(gathered))
+  monkeypatch.setattr(checkpoints.multihost_utils, "broadcast_one_to_all", lambda step: step)
   step, restored, damaged = checkpoints.restore_newest(manager, lambda s: f"state {s}")
   assert (step, restored, damaged) == (20, "state 20", [30])
   assert f"checkpoint {tmp_path}/30 is damaged on another process." in caplog.text
+
+
+def test_processes_restore_the_step_process_0_lists(tmp_path, monkeypatch):
+  """This process lists step 40, committed by a training run after process 0 listed 30: both
+  restore 30, or they would translate with two models."""
+  manager = _Manager(str(tmp_path), [20, 30, 40])
+  monkeypatch.setattr(checkpoints.jax, "process_count", lambda: 2)
+  process_0_chose = iter([30])
+  monkeypatch.setattr(checkpoints.multihost_utils, "broadcast_one_to_all",
+                      lambda step: np.int32(next(process_0_chose)))
+  monkeypatch.setattr(checkpoints.multihost_utils, "process_allgather",
+                      lambda restored: np.array([1, 1]))
+  assert checkpoints.restore_newest(manager, lambda s: f"state {s}") == (30, "state 30", [])
 
 
 def test_damage_one_process_finds_stops_every_process_before_orbax_reads(
