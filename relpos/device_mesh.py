@@ -9,8 +9,17 @@ DATA_AXIS = "data"
 
 
 def make_mesh() -> Mesh:
-  """A 1-D mesh over every device of every process, axis DATA_AXIS (batch rows split over it)."""
-  return Mesh(np.asarray(jax.devices()), (DATA_AXIS,))
+  """A 1-D mesh over every device of every process, axis DATA_AXIS (batch rows split over it),
+  each process's devices side by side (`in_process_order`)."""
+  return Mesh(np.asarray(in_process_order(jax.devices())), (DATA_AXIS,))
+
+
+def in_process_order(devices: list) -> list:
+  """`devices` sorted by process, then id: the rows a process puts on its devices
+  (`process_rows`, a contiguous block) are then that block of the global batch, which the
+  caller pairs with its examples. `jax.devices()` may interleave processes (some TPU
+  topologies); on CPU and GPU it is already in this order."""
+  return sorted(devices, key=lambda d: (d.process_index, d.id))
 
 
 def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
