@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from relpos import run_config
+from relpos.experiments import tables
 from tools import gpu_job
 from tools import job_output
 
@@ -97,3 +99,45 @@ def test_the_gpu_recipe_jobs_run_its_task():
   job = gpu_job.job_spec("multi30k_gpu_ablation", "/results")
   assert "--task=multi30k_gpu" in job.args and "--table=ablation" in job.args
   assert job.table_dir == "/results/multi30k_gpu_ablation"
+
+
+@pytest.mark.parametrize("name", [n for n in gpu_job.JOB_NAMES if n.endswith(gpu_job.TABLES)])
+def test_every_table_jobs_dry_run_settings_validate(name):
+  """The dry run of each table job is a config validation accepts (the GPU recipe's
+  average:10 needs 10 checkpoints saved, more than a 2-step run saves)."""
+  job = gpu_job.job_spec(name, "/results")
+  task = next(a.split("=", 1)[1] for a in job.args if a.startswith("--task="))
+  row = next(a.split("=", 1)[1] for a in job.dry_run_args if a.startswith("--rows="))
+  overrides = dict(
+      tables.parse_override(a.split("=", 1)[1]) for a in job.dry_run_args if a.startswith("--set="))
+  run_config.validate(tables.one_run_config(row, 0, task, overrides))
+
+
+def test_a_job_for_the_gpu_stops_before_its_command_where_jax_sees_none(tmp_path):
+  out = tmp_path / "out"
+  done = subprocess.run([
+      sys.executable,
+      os.path.join(gpu_job.ROOT, "tools", "gpu_job.py"), "benchmarks", "--budget_s=200",
+      f"--out={out}", "--wheels=", f"--results_root={tmp_path / 'results'}"
+  ], capture_output=True, text=True, check=False)
+  assert done.returncode == 1
+  summary = json.loads((out / gpu_job.SUMMARY_NAME).read_text())
+  assert summary["versions"]["backend"] == "cpu" and "command" not in summary
+  assert "jax sees no GPU (backend cpu): stopping before the job." in (
+      out / gpu_job.LOG_NAME).read_text()
+
+
+def test_the_run_in_flight_at_parallel_1_reports_its_progress_from_the_job_log(tmp_path):
+  """With --parallel=1 a run writes no run.log: its progress bar is in the job's log."""
+  table_dir = tmp_path / "results" / "multi30k_gpu_ablation"
+  (table_dir / "runs" / "multi30k_gpu-ablation-abs-seed0").mkdir(parents=True)
+  out = tmp_path / "out"
+  out.mkdir()
+  log = gpu_job.Log(str(out / gpu_job.LOG_NAME))
+  log.write(b"\r 5%|#  | 400/8000 [03:20<1:03:20, 2.00step/s, loss=4.1]")
+  summary = {}
+  gpu_job.pack(gpu_job.job_spec("multi30k_gpu_ablation", str(tmp_path / "results")), str(out),
+               str(tmp_path / "results"), summary, log)
+  assert summary["unfinished_progress"] == {
+      "multi30k_gpu-ablation-abs-seed0": "step 400 of 8000, 2 steps/s"
+  }

@@ -85,8 +85,9 @@ _DRY_RUN_SETTINGS = ("model.emb_dim=16", "model.qkv_dim=16", "model.mlp_dim=32",
 _DRY_RUN_TASK_SETTINGS = {  # multi30k keeps its data and tokenizer (bundle/data)
     "synthetic":
         ("task.vocab_size=64", "task.synthetic.num_train=200", "task.synthetic.num_validation=8",
-         "task.synthetic.num_test=8", "task.synthetic.num_test_long=8"), "multi30k": (),
-    "multi30k_gpu": ()
+         "task.synthetic.num_test=8", "task.synthetic.num_test_long=8"),
+    "multi30k": (),
+    "multi30k_gpu": ("decode.other_checkpoints=''",)  # average:10 needs 10 saved checkpoints
 }
 _DRY_RUN_ROW = {"ablation": "abs", "k_sweep": "k=2"}
 
@@ -100,7 +101,7 @@ def version(name):
     return importlib.metadata.version(name)
   except importlib.metadata.PackageNotFoundError:
     return None
-print(json.dumps({"python": platform.python_version(),
+print(json.dumps({"python": platform.python_version(), "backend": jax.default_backend(),
                   "devices": [str(d) for d in jax.devices()],
                   "packages": {n: version(n) for n in sys.argv[1:]}}))
 """
@@ -118,6 +119,8 @@ class Job:
     table_dir: a table's output folder (returned as ARCHIVE_NAME), or None.
     starts_with: destination -> source: files copied into place before the run unless there.
     env: environment variables of its command, over the job environment's.
+    needs_gpu: stop before the command where jax sees no GPU (a CPU-only jax would spend
+      the budget on the CPU); a dry run is never stopped so.
   """
   args: tuple[str, ...]
   dry_run_args: tuple[str, ...]
@@ -125,6 +128,7 @@ class Job:
   table_dir: str | None = None
   starts_with: dict[str, str] = dataclasses.field(default_factory=dict)
   env: dict[str, str] = dataclasses.field(default_factory=dict)
+  needs_gpu: bool = True
 
 
 def job_spec(name: str, results_root: str) -> Job:
@@ -134,7 +138,8 @@ def job_spec(name: str, results_root: str) -> Job:
     ValueError: an unknown job name.
   """
   if name == "tests":
-    return Job(("-m", "pytest", "-q", "tests"), ("-m", "pytest", "-q", "tests/test_positions.py"))
+    return Job(("-m", "pytest", "-q", "tests"), ("-m", "pytest", "-q", "tests/test_positions.py"),
+               needs_gpu=False)
   if name == "gpu_tests":  # the accelerator tests; JAX may take the GPU (not conftest's CPU)
     args = ("-m", "pytest", "-q", "-rs", "tests/test_gpu.py")
     return Job(args, args, env={"JAX_PLATFORMS": ""})
@@ -283,10 +288,11 @@ def pack(job: Job, out: str, results_root: str, summary: dict[str, Any], log: Lo
     finished, unfinished = job_output.table_runs(job.table_dir)
     left_out = job_output.write_archive(job_output.table_files(job.table_dir), results_root,
                                         os.path.join(out, ARCHIVE_NAME), limits.file_bytes)
-    progress = {
-        n: job_output.run_progress(os.path.join(job.table_dir, "runs", n, "run.log"))
-        for n in unfinished
-    }
+    run_logs = {n: os.path.join(job.table_dir, "runs", n, "run.log") for n in unfinished}
+    without_log = [n for n, path in run_logs.items() if not os.path.exists(path)]
+    if len(without_log) == 1:  # the run in flight of --parallel=1: its progress is the job's
+      run_logs[without_log[0]] = log.path
+    progress = {n: job_output.run_progress(path) for n, path in run_logs.items()}
     summary.update(finished_runs=finished, unfinished_runs=unfinished, left_out=left_out,
                    unfinished_progress=progress)
     for name, reached in progress.items():
@@ -362,7 +368,11 @@ def main(argv: list[str]) -> int:
   env = job_environment(install_wheels(args.wheels, args.site, log), args.data_dir)
   summary["versions"] = check_packages(env, log)
   status = 1
-  if summary["versions"]:
+  if summary["versions"] and job.needs_gpu and not args.dry_run and summary["versions"].get(
+      "backend") != "gpu":
+    log.say(f"jax sees no GPU (backend {summary['versions'].get('backend')}): stopping before "
+            f"the job.")
+  elif summary["versions"]:
     if job.table_dir:
       finished, _ = job_output.table_runs(job.table_dir)
       log.say(f"{len(finished)} runs of {job.table_dir} already finished.")
