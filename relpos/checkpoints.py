@@ -35,6 +35,7 @@ from orbax.checkpoint import checkpoint_managers
 from relpos import checkpoint_damage
 from relpos import checkpoint_data
 from relpos import checkpoint_schedule
+from relpos import distributed
 from relpos import model as model_lib
 from relpos import model_config
 from relpos import workdir_files
@@ -285,15 +286,15 @@ def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
   """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/damaged_checkpoints/`
   (`workdir_files.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
   again; nothing is deleted."""
-  if jax.process_index() == 0:
+  def move() -> None:
     for step in steps:
       target = os.path.join(os.path.dirname(str(manager.directory)), workdir_files.DAMAGED_DIR,
                             f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.rename(step_dir(manager, step), target)
       logging.warning("Moved the damaged checkpoint of step %d to %s.", step, target)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("relpos: damaged checkpoints set aside")
+
+  distributed.on_process_0(move, "setting damaged checkpoints aside")  # the others wait for it
   manager.reload()
 
 

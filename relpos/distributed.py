@@ -1,8 +1,11 @@
 """Joining a multi-process run (`--multihost`): every process runs the same command."""
 import re
 import sys
+from collections.abc import Callable
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from relpos import line_filter
 
@@ -70,3 +73,24 @@ def initialize(multihost: str) -> None:
     where = (" (no TPU, SLURM, Open MPI or Kubernetes cluster found)"
              if coordinator is None and "coordinator_address" in cause else "")
     raise ValueError(f"--multihost={multihost!r}{where}: {cause}") from None
+
+
+def on_process_0(work: Callable[[], None], what: str) -> None:
+  """Runs `work` on process 0 alone (a check or a change of shared files) and tells every
+  process whether it raised, so that they stop together: a process going on alone would wait
+  in its next collective for ever. Process 0 raises its own error; the others RuntimeError
+  naming `what`.
+  """
+  error = None
+  if jax.process_index() == 0:
+    try:
+      work()
+    except Exception as e:  # pylint: disable=broad-exception-caught  # raised below, on all
+      error = e
+  failed = error is not None
+  if jax.process_count() > 1:
+    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(failed)))
+  if error is not None:
+    raise error
+  if failed:
+    raise RuntimeError(f"{what} failed on process 0 (its log says why).")

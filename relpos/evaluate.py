@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from relpos import checkpoint_schedule
 from relpos import checkpoints
 from relpos import decode
+from relpos import distributed
 from relpos import device_mesh
 from relpos import evaluation_files
 from relpos import metrics_writer
@@ -383,8 +384,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     if references is not None:
       tokenizer_lib.check_references(task.tokenizer, references, reference_file)
   output_dir = output_dir or os.path.join(workdir, workdir_files.EVAL_DIR)
-  if jax.process_index() == 0:
-    evaluation_files.check_writable(output_dir)
+  distributed.on_process_0(lambda: evaluation_files.check_writable(output_dir),
+                           f"checking that {output_dir} can be written")
   mesh = device_mesh.make_mesh()
   model, step = restore_model(workdir, config, checkpoint, mesh)
   if split is not None:

@@ -2,6 +2,7 @@
 two processes through it)."""
 import re
 
+import numpy as np
 import pytest
 
 from relpos import distributed
@@ -73,3 +74,27 @@ def test_joining_that_fails_is_one_line_after_the_flag(monkeypatch, failure, lin
 
 def _must_not_join(*args, **kwargs):
   raise AssertionError("joined before the flag was checked")
+
+
+def test_work_on_process_0_stops_every_process_together(monkeypatch):
+  """Process 0's check fails: it raises its error, and the others, told so by the broadcast,
+  raise too instead of going on alone into a collective."""
+  def unwritable():
+    raise OSError("eval output folder /ro cannot be written (Read-only file system)")
+
+  with pytest.raises(OSError, match="Read-only file system"):  # one process
+    distributed.on_process_0(unwritable, "checking /ro")
+  distributed.on_process_0(lambda: None, "checking /rw")
+  told = []
+  monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed.multihost_utils, "broadcast_one_to_all",
+                      lambda failed: told.append(int(failed)) or np.int32(1))
+  monkeypatch.setattr(distributed.jax, "process_index", lambda: 1)
+  ran = []
+  with pytest.raises(RuntimeError, match=r"^checking /ro failed on process 0 \(its log says why\)"):
+    distributed.on_process_0(lambda: ran.append(1), "checking /ro")
+  assert not ran and told == [0]  # process 1 does not run the work
+  monkeypatch.setattr(distributed.jax, "process_index", lambda: 0)
+  with pytest.raises(OSError, match="Read-only file system"):
+    distributed.on_process_0(unwritable, "checking /ro")
+  assert told == [0, 1]
