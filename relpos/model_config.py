@@ -6,6 +6,7 @@ builds it from `config.model`, checking every field. The rules cuDNN's fused att
 model are checked here, at the config's edge (`check_cudnn`), in the words of its fields.
 """
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import ml_collections
 from absl import logging
 
 from relpos import fields
+from relpos import user_modules
 from relpos import variants
 from relpos.kernels import fused
 from relpos.kernels import relative as kernel
@@ -118,10 +120,15 @@ class TransformerConfig:
     given = {name: model_cfg[name] for name in model_cfg.keys()}
     position = given.get("position", FIELDS["position"].value_when_absent)
     if not (isinstance(position, str) and position in variants.names()):
+      imported = user_modules.imported()
+      meant = difflib.get_close_matches(position, variants.names(), n=1, cutoff=0.8) if (isinstance(
+          position, str)) else []  # a typo, not any name that shares letters
       raise fields.invalid(
-          "model.position", position,
-          f"one of {', '.join(map(repr, variants.names()))} (a variant of "
-          f"your own: --import=<its module>)")
+          "model.position", position, f"one of {', '.join(map(repr, variants.names()))}" +
+          (f"; did you mean {meant[0]!r}?" if meant else "") +
+          (f" ({', '.join(imported)} registered no variant {position!r}: is its class decorated "
+           f"with @relpos.variants.register({position!r})?)"
+           if imported else " (a variant of your own: --import=<its module>)"))
     own = variants.get(position).fields
     for name, field in variant_fields().items():
       if name in given and name not in own:

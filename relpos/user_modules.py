@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -62,6 +63,17 @@ def _imported_as(origin: str) -> str | None:
   return None
 
 
+def line_in(error: BaseException, path: str) -> str:
+  """" at my_variant.py:27": the innermost line of the file `path` that `error` passed through
+  ("" when none did: it arose elsewhere), for a one-line error about the user's own code."""
+  origin = os.path.realpath(path)
+  lines = [
+      frame for frame in traceback.extract_tb(error.__traceback__)
+      if os.path.realpath(frame.filename) == origin
+  ]
+  return f" at {os.path.basename(origin)}:{lines[-1].lineno}" if lines else ""
+
+
 def _exit_words(code: Any) -> str:
   """How a module's `sys.exit(code)` is told: "exited with status 3", or with its message."""
   if code is None or isinstance(code, int):
@@ -107,7 +119,8 @@ def import_modules(specs: Sequence[str], *, refuse_under: str | None = None) -> 
     except SystemExit as e:  # sys.exit() in the user's module: not a silent end of the program
       raise ValueError(f"--import={spec} {_exit_words(e.code)} while being imported.") from None
     except Exception as e:  # the user's code: any error is theirs, named in one line
-      raise ValueError(f"--import={spec}: importing it failed: {type(e).__name__}: {e}") from e
+      raise ValueError(f"--import={spec}: importing it failed{line_in(e, origin)}: "
+                       f"{type(e).__name__}: {e}") from e
     if recorded not in _IMPORTED:
       _IMPORTED.append(recorded)
 

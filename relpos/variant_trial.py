@@ -23,6 +23,7 @@ from flax import nnx
 
 from relpos import attention_statistics
 from relpos import model as model_lib
+from relpos import user_modules
 from relpos import variants
 from relpos.model_config import TransformerConfig
 
@@ -127,6 +128,24 @@ def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
   return model_lib.build_model(small, 0)
 
 
+def _adds_no_position_information(model: model_lib.Transformer) -> bool:
+  """Whether the encoder is permutation-equivariant (reordering the source reorders its
+  outputs alike) and no parameter under a position module gets a gradient: a variant whose
+  methods never run (misspelled) trains a model without positions, silently. A table the
+  variant learns from zero (equivariant at the start) still gets a gradient."""
+  tokens = np.array([[3, 4, 5, 6, 7]], np.int32)
+  order = np.array([2, 0, 4, 1, 3])
+  encoded, reordered = model.encode(tokens), model.encode(tokens[:, order])
+  if float(np.abs(np.asarray(reordered) - np.asarray(encoded)[:, order]).max()) > TRIAL_ATOL:
+    return False
+  grads = nnx.grad(lambda m: jnp.sum(m(INPUTS, TARGETS)**2))(model)
+  learned = [
+      leaf for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads))
+      if "position" in jax.tree_util.keystr(path)
+  ]
+  return not any(float(jnp.abs(leaf).max()) > 0 for leaf in learned)
+
+
 def _numeric_problem(model_config: TransformerConfig) -> str | None:
   """What `_trial_model` does against the two contracts, or what its `add_statistics` stores
   that a result.json cannot hold; None when all is well."""
@@ -144,6 +163,11 @@ def _numeric_problem(model_config: TransformerConfig) -> str | None:
     json.dumps(attention_statistics.position_statistics(model, INPUTS))
   except TypeError as e:  # stored after training, in result.json
     return f"add_statistics stores what JSON cannot hold ({e}; store lists and numbers)"
+  if _adds_no_position_information(model):
+    return ("it adds no position information: the encoder's outputs follow any reordering of "
+            "its source and none of the variant's parameters learns (a method name misspelled? "
+            "AttentionPosition.terms or .queries_and_keys, Variant.embedding or "
+            ".self_attention)")
   return None
 
 
@@ -183,7 +207,9 @@ def _check_plug_in(model_config: TransformerConfig, variant: type[variants.Varia
     cause = (str(e).strip().splitlines() or [""])[0]
     cause = cause if isinstance(e, ValueError) else f"{type(e).__name__}: {cause}"
     raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}) fails on "
-                     f"a trial batch, before any work: {cause.rstrip('.')}.") from e
+                     f"a trial batch, before any work"
+                     f"{user_modules.line_in(e, variants.origin(variant))}: "
+                     f"{cause.rstrip('.')}.") from e
   if problem:
     raise ValueError(f"position variant {variant.name!r} ({variants.origin(variant)}) fails its "
                      f"trial on two sentence pairs, before any work: {problem}.")

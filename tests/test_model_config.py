@@ -39,6 +39,23 @@ def test_invalid_config_raises(overrides, message):
     make_config(**overrides)
 
 
+def test_an_unknown_position_says_what_was_likely_meant(monkeypatch):
+  """A typo of a registered name is named; a module given with --import that registered
+  nothing is named, with the decorator it likely lacks."""
+  with pytest.raises(
+      ValueError, match=r"model\.position='alibii'.*; did you mean 'alibi'\? \(a "
+      r"variant of your own: --import=<its module>\)\.$"):
+    make_config(position="alibii")
+  with pytest.raises(ValueError) as raised:
+    make_config(position="kerple")  # no registered name is a typo of it
+  assert "did you mean" not in str(raised.value)
+  monkeypatch.setattr(model_config.user_modules, "_IMPORTED", ["/tmp/mine.py"])
+  with pytest.raises(
+      ValueError, match=r"\(/tmp/mine\.py registered no variant 'gauss': is its "
+      r"class decorated with @relpos\.variants\.register\('gauss'\)\?\)\.$"):
+    make_config(position="gauss")
+
+
 def test_another_variants_field_is_left_out_and_logged_off_its_default(caplog):
   caplog.set_level(logging.INFO)
   config = make_config(position="t5", add_absolute=True)

@@ -144,3 +144,13 @@ def test_a_file_given_as_a_path_and_as_a_module_name_is_imported_once(first_as_p
   finally:
     for name in ("twice_variant", "pkg.twice_variant", "pkg"):
       sys.modules.pop(name, None)
+
+
+def test_a_module_that_fails_on_import_is_named_with_its_line(tmp_path, monkeypatch):
+  monkeypatch.setattr(user_modules, "_IMPORTED", [])
+  module = tmp_path / "failing_on_line_3.py"
+  module.write_text("SCALE = 2\n\nRATE = SCALE / 0\n")
+  with pytest.raises(ValueError) as raised:
+    user_modules.import_modules([str(module)])
+  assert str(raised.value) == (f"--import={module}: importing it failed at failing_on_line_3.py:3: "
+                               "ZeroDivisionError: division by zero")

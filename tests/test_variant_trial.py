@@ -9,6 +9,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import nnx
 
 from configs import tiny
 from relpos import fields
@@ -59,18 +60,14 @@ def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path):
   config.model.position = "failing"
   with pytest.raises(
       ValueError, match=r"^position variant 'failing' \(.*test_variant_trial.py\) "
-      r"fails on a trial batch, before any work: KeyError: "
+      r"fails on a trial batch, before any work at test_variant_trial.py:\d+: KeyError: "
       r"'num_heads'\.$"):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()
 
 
-class NoPosition(variants.Variant):
-  """A plug-in that adds nothing: it passes the trial."""
-
-
 def test_a_plug_in_that_works_is_tried_once_per_config(monkeypatch):
-  variants.register("no_position_here")(NoPosition)
+  variants.register("no_position_here")(_Positional)
   tried = []
   trial = variant_trial._trial_pass  # pylint: disable=protected-access
 
@@ -109,6 +106,16 @@ class _DistanceBias(variants.AttentionPosition):
   def terms(self, query_positions, key_positions):
     distance = self.distances(query_positions, key_positions)  # [batch or 1, q_len, kv_len]
     return variants.AttentionTerms(bias=-jnp.abs(distance)[:, None].astype(jnp.float32))
+
+
+def _relative_distances(query_positions, key_positions):
+  return key_positions[:, None, :] - query_positions[:, :, None]  # [batch or 1, q_len, kv_len]
+
+
+class _Positional(variants.Variant):
+  """A plug-in with a bias of -|j - i| in every layer: it passes the trial."""
+  def self_attention(self, num_layers, *, causal, rngs):
+    return [_DistanceBias(_relative_distances) for _ in range(num_layers)]
 
 
 def _distance_variant(distances):
@@ -154,7 +161,7 @@ def test_a_variant_that_breaks_a_contract_stops_before_any_work(name, distances,
       ValueError, match=rf"^position variant '{name}' \(.*test_variant_trial.py\) "
       rf"fails its trial on two sentence pairs, before any work: {problem} "):
     variant_trial.check_variant(_config(name))
-  variants.register(f"{name}_fixed")(_distance_variant(lambda q, k: k[:, None, :] - q[:, :, None]))
+  variants.register(f"{name}_fixed")(_distance_variant(_relative_distances))
   variant_trial.check_variant(_config(f"{name}_fixed"))  # the positions it is given: passes
 
 
@@ -205,7 +212,7 @@ def test_a_variant_registered_inside_the_relpos_package_is_tried_too(monkeypatch
 def test_a_config_whose_field_holds_a_list_is_tried_once(monkeypatch):
   """Its config cannot be hashed (a list): that was a traceback, then a trial at every
   validate; now it is tried once, by the config's JSON."""
-  class ListWidths(variants.Variant):
+  class ListWidths(_Positional):
     fields = {
         "list_widths2": fields.Field([1, 2], fields.Rule("a list", lambda v: isinstance(v, list)),
                                      "one width a layer")
@@ -220,7 +227,7 @@ def test_a_config_whose_field_holds_a_list_is_tried_once(monkeypatch):
   assert tried == [1]
 
 
-class LayerBound(variants.Variant):
+class LayerBound(_Positional):
   """A plug-in whose own field is bounded by the layer count."""
   fields = {"lb_layers": fields.Field(2, fields.integer(1), "layers with the bias")}
 
@@ -238,3 +245,60 @@ def test_a_rule_of_the_variant_on_the_run_sizes_holds_in_the_trial():
   config = model_config.TransformerConfig.from_config(
       model_fields(position="layer_bound", num_encoder_layers=2, lb_layers=2), VOCAB)
   variant_trial.check_variant(config)
+
+
+class _Forgotten(variants.AttentionPosition):
+  """Its method is named `term`: the model never calls it, its table never learns."""
+  def __init__(self, rngs):
+    self.table = nnx.Param(jax.random.normal(rngs.params(), (2, 9)))
+
+  def term(self, query_positions, key_positions):
+    del query_positions, key_positions
+    return variants.AttentionTerms(bias=self.table[...][None, :, None, :1])
+
+
+class _FromZero(variants.AttentionPosition):
+  """A learned bias per head and clipped distance that starts at zero: no position
+  information at the start, but its table learns."""
+  def __init__(self, rngs):
+    del rngs
+    self.table = nnx.Param(jnp.zeros((2, 9)))
+
+  def terms(self, query_positions, key_positions):
+    index = jnp.clip(_relative_distances(query_positions, key_positions), -4, 4) + 4
+    return variants.AttentionTerms(bias=jnp.moveaxis(self.table[...][:, index], 0, 1))
+
+
+@pytest.mark.parametrize("module, refused", [(_Forgotten, True), (_FromZero, False)])
+def test_a_variant_that_adds_no_position_information_is_refused(module, refused):
+  """A misspelled method trained a model without positions, silently."""
+  class Layers(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [module(rngs) for _ in range(num_layers)]
+
+  variants.register("maybe_positional")(Layers)
+  if not refused:
+    variant_trial.check_variant(_config("maybe_positional"))
+    return
+  with pytest.raises(
+      ValueError, match=r"fails its trial on two sentence pairs, before any work: it adds no "
+      r"position information: the encoder's outputs follow any reordering of its source and none "
+      r"of the variant's parameters learns \(a method name misspelled\?"):
+    variant_trial.check_variant(_config("maybe_positional"))
+
+
+def test_an_error_in_the_variants_code_names_its_line():
+  class Broken(variants.AttentionPosition):
+    def terms(self, query_positions, key_positions):
+      return jnp.ones((2, 5)) @ jnp.ones((3, 1))  # the line named
+
+  class BrokenVariant(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [Broken() for _ in range(num_layers)]
+
+  variants.register("broken")(BrokenVariant)
+  line = Broken.terms.__code__.co_firstlineno + 1
+  with pytest.raises(
+      ValueError, match=rf"before any work at test_variant_trial.py:{line}: "
+      r"TypeError: dot_general requires contracting dimensions"):
+    variant_trial.check_variant(_config("broken"))

@@ -231,7 +231,7 @@ def test_import_mistakes_are_one_line(tmp_path):
   failed = _run("train.py", f"--import={broken}", f"--workdir={tmp_path / 'run'}")
   assert failed.returncode == 1
   assert failed.stderr.strip().splitlines()[-1].startswith(
-      f"error: --import={broken}: importing it failed: ModuleNotFoundError")
+      f"error: --import={broken}: importing it failed at broken.py:1: ModuleNotFoundError")
   leaving = tmp_path / "leaving.py"
   leaving.write_text("import sys\nsys.exit(3)\n")
   exited = _run("train.py", f"--import={leaving}", f"--workdir={tmp_path / 'run'}")
