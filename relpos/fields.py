@@ -160,8 +160,10 @@ def resolve(values: Mapping[str, Any], fields: Mapping[str, Field], section: str
 
   unknown = sorted(set(values) - set(fields))
   if unknown:
+    meant = close_names(unknown[0], list(fields))
     raise ValueError(f"unknown config field {path(unknown[0])}; {section or 'the config'} has: "
-                     f"{', '.join(fields)}.{hint}")
+                     f"{', '.join(fields)}.{f' Did you mean {meant[0]!r}?' if meant else ''}"
+                     f"{hint}")
   resolved = {}
   for name, field in fields.items():
     if name in values:

@@ -59,12 +59,16 @@ def test_resolve_fills_what_is_missing_in_field_order_and_leaves_its_input_alone
 
 def test_resolve_names_an_unknown_or_invalid_field_in_one_line():
   with pytest.raises(ValueError) as unknown:
-    fields.resolve({"step": 3}, SECTION, "train", hint=" (did you mean steps?)")
+    fields.resolve({"step": 3}, SECTION, "train", hint=" A hint.")
   assert str(unknown.value) == ("unknown config field train.step; train has: steps, mode. "
-                                "(did you mean steps?)")
+                                "Did you mean 'steps'? A hint.")
   with pytest.raises(ValueError) as top_level:
     fields.resolve({"sead": 1}, {"seed": fields.Field(0, fields.integer(0))}, "")
-  assert str(top_level.value) == "unknown config field sead; the config has: seed."
+  assert str(top_level.value) == ("unknown config field sead; the config has: seed. Did you mean "
+                                  "'seed'?")
+  with pytest.raises(ValueError) as unlike:
+    fields.resolve({"lr": 1}, {"seed": fields.Field(0, fields.integer(0))}, "")
+  assert str(unlike.value) == "unknown config field lr; the config has: seed."
   with pytest.raises(ValueError) as invalid:
     fields.resolve({"steps": 0}, SECTION, "train")
   assert str(invalid.value) == "config field train.steps=0 is invalid: must be an integer >= 1."
