@@ -243,12 +243,10 @@ def restore_newest(manager: ocp.CheckpointManager,
 
 
 def agreed(step: int) -> int:
-  """`step` as process 0 chose it. Each process lists the checkpoints itself, and one that
-  lists while a training run commits a step sees it where another does not: restoring
-  different steps, they would translate a split with two models."""
-  if jax.process_count() == 1:
-    return step
-  return int(multihost_utils.broadcast_one_to_all(np.int32(step)))
+  """`step` as process 0 chose it (`distributed.from_process_0`). Each process lists the
+  checkpoints itself, and one that lists while a training run commits a step sees it where
+  another does not: restoring different steps, they would translate a split with two models."""
+  return distributed.from_process_0(step)
 
 
 def _damage_anywhere(

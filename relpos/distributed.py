@@ -75,6 +75,13 @@ def initialize(multihost: str) -> None:
     raise ValueError(f"--multihost={multihost!r}{where}: {cause}") from None
 
 
+def from_process_0(value: int) -> int:
+  """`value` as process 0 has it, on every process (each process's own with one)."""
+  if jax.process_count() == 1:
+    return value
+  return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
 def on_process_0(work: Callable[[], None], what: str) -> None:
   """Runs `work` on process 0 alone (a check or a change of shared files) and tells every
   process whether it raised, so that they stop together: a process going on alone would wait
@@ -87,9 +94,7 @@ def on_process_0(work: Callable[[], None], what: str) -> None:
       work()
     except Exception as e:  # pylint: disable=broad-exception-caught  # raised below, on all
       error = e
-  failed = error is not None
-  if jax.process_count() > 1:
-    failed = bool(multihost_utils.broadcast_one_to_all(np.int32(failed)))
+  failed = bool(from_process_0(int(error is not None)))
   if error is not None:
     raise error
   if failed:
