@@ -312,7 +312,8 @@ def translate(model: nnx.Module, inputs: jax.Array, *, beam_size: int = 4, alpha
   shape reuse the compiled search.
 
   Args:
-    model: a `relpos.model.Transformer` (needs encode, init_cache and decode_step).
+    model: a `relpos.model.Transformer` (needs encode, init_cache, decode_step and
+      check_decode_len).
     inputs: int32 [batch, src_len] source tokens, 0 = padding.
     beam_size: beams per input; 1 decodes greedily.
     alpha: GNMT length penalty exponent (beam search only).
@@ -354,9 +355,7 @@ def _check_translate_args(model: nnx.Module, inputs: jax.Array, max_decode_len: 
   if inputs.ndim != 2 or inputs.shape[1] < 1:
     raise ValueError(f"inputs must be int32 [batch, src_len] with src_len >= 1, got shape "
                      f"{inputs.shape}.")
-  model_max_len = getattr(getattr(model, "config", None), "max_len", None)
-  if model_max_len is not None and max_decode_len > model_max_len:
-    raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len={model_max_len}.")
+  model.check_decode_len(max_decode_len)
   bounds = {"min_len": min_len, "max_len": max_len}
   for name, bound in bounds.items():
     if bound is not None and bound.shape != inputs.shape[:1]:

@@ -372,12 +372,13 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
           run_config.CHECKPOINT_CHOICE.fullmatch(str(checkpoint))):
     raise ValueError(f"checkpoint={checkpoint!r}: must be 'latest', 'best', a step number or "
                      f"'average:<N>' with N >= 2.")
-  _check_split(split, config.task.name, pipeline.SPLIT_NAMES[config.task.name])  # before data
+  # Before the data is prepared; then against the splits the prepared data holds.
+  pipeline.check_split(split, config.task.name, pipeline.SPLIT_NAMES[config.task.name])
   task = pipeline.get_task(config.task)
   metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
   user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), config.model.position,
                                       "evaluating with the file as it is")
-  _check_split(split, config.task.name, task.splits)  # those the prepared data holds
+  pipeline.check_split(split, config.task.name, task.splits)
   if input_file is not None:  # Bad files fail before any work.
     sources, references = _file_sentences(input_file, reference_file)
     check_source_lengths(input_file, sources, task.tokenizer)
@@ -400,12 +401,6 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
   return evaluation_files.write_evaluation(output_dir, workdir, config, checkpoint, step,
                                            translations, scores, split=split, input_file=input_file,
                                            reference_file=reference_file, sources=sources)
-
-
-def _check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> None:
-  if split is not None and split not in allowed:
-    raise ValueError(f"split={split!r} is not a split of task {task_name!r}; allowed: "
-                     f"{', '.join(allowed)}.")
 
 
 def sources_to_write(task: pipeline.Task, split: str) -> list[str] | None:

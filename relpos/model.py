@@ -361,12 +361,18 @@ class Transformer(nnx.Module):
       ValueError: if max_decode_len exceeds model.max_len (the longest sequence the model is
         built for, e.g. its learned absolute table).
     """
-    if max_decode_len > self.config.max_len:
-      raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len="
-                       f"{self.config.max_len}.")
+    self.check_decode_len(max_decode_len)
     return [
         layer.self_attention.init_cache(batch_size, max_decode_len) for layer in self.decoder.layers
     ]
+
+  def check_decode_len(self, max_decode_len: int) -> None:
+    """Raises ValueError if max_decode_len exceeds model.max_len (the longest sequence the
+    model is built for, e.g. its learned absolute table); the one home of this check, for the
+    cache and for decoding without it."""
+    if max_decode_len > self.config.max_len:
+      raise ValueError(f"max_decode_len={max_decode_len} exceeds model.max_len="
+                       f"{self.config.max_len}.")
 
   def decode_step(self, encoded: jax.Array, inputs: jax.Array, tokens: jax.Array,
                   step: jax.Array | int, cache: DecodeCache) -> tuple[jax.Array, DecodeCache]:

@@ -264,7 +264,7 @@ def test_task_api(task, data_dir):
   assert len(task.source_texts("validation")) == len(task.target_texts("validation")) == 20
   assert pipeline.get_task(_task_config(data_dir, max_length=32)) is pipeline.get_task(
       _task_config(data_dir, max_length=32))
-  with pytest.raises(ValueError, match="split 'dev' is not a split of task 'synthetic'"):
+  with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
     task.source_texts("dev")
   with pytest.raises(ValueError, match="task.name='imdb'"):
     pipeline.Task(_task_config(data_dir, name="imdb"))

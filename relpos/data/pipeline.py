@@ -56,6 +56,14 @@ SPLIT_NAMES = {
 }
 
 
+def check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> None:
+  """Raises ValueError, naming the allowed splits, if split (None: no split asked) is not one
+  of them; the one wording for the data pipeline and `eval.py --split`."""
+  if split is not None and split not in allowed:
+    raise ValueError(f"split={split!r} is not a split of task {task_name!r}; allowed: "
+                     f"{', '.join(allowed)}.")
+
+
 def _text(value: bytes | str) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -164,14 +172,9 @@ class Task:
         model_type=task_config.spm_model_type, seed=task_config.spm_seed)
     _check_vocab_size(self.tokenizer, task_config.vocab_size)
 
-  def _check_split(self, split: str) -> None:
-    if split not in self.splits:
-      raise ValueError(f"split {split!r} is not a split of task {self.name!r}; allowed: "
-                       f"{', '.join(self.splits)}.")
-
   def _pair_chunks(self, split: str) -> Iterator[list[tuple[str, str]]]:
     """The split's (source, target) texts in stored order, CHUNK pairs at a time."""
-    self._check_split(split)
+    check_split(split, self.name, self.splits)
     source = self._sources[split]
     keys = (self._dataset.source_key, self._dataset.target_key)
     for start in range(0, len(source), CHUNK):
