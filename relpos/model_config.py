@@ -112,7 +112,8 @@ class TransformerConfig:
     fields of the other registered variants (a config holds them all, so that the command line
     can set them) are left out, logged for one set off its default (a base config's k under
     another variant). A missing field takes its value for configs written before it
-    existed, with a warning.
+    existed, with a warning; for a variant of the user's, one that also names the other cause
+    (a config built in Python before the variant's module was imported).
 
     Raises:
       ValueError: an unknown field or an invalid value, naming it.
@@ -138,6 +139,14 @@ class TransformerConfig:
               "variant %r, and model.position=%r.", name, given[name], variants.owner(name),
               position)
         del given[name]
+    if position not in variants.BUILT_IN:
+      for name in [name for name in own if name not in given]:
+        given[name] = own[name].value_when_absent
+        logging.warning(
+            "config field model.%s of position variant %r (%s) is missing: the config was built "
+            "before that module was imported, or written before the field existed; using %r.", name,
+            position,
+            variants.get(position).__module__, given[name])
     values = fields.resolve(
         given, {**FIELDS, **own}, "model",
         hint=" A field of your own variant? --import=<its module> registers it.")

@@ -158,6 +158,18 @@ def test_a_variant_defined_here_is_configured_validated_and_shared(registered):
   assert [t[...].shape for t in tables] == [(3, 2)]  # one table, counted once
 
 
+def test_a_config_built_before_the_variant_was_registered_says_so(variant_registry, caplog):
+  """A config built in Python before the module registering its variant was imported lacks the
+  variant's fields: the warning names that cause beside an old config's, and the model builds."""
+  config = model_fields(position="none")
+  variants.register("distance_bias")(DistanceBiasVariant)
+  config["position"] = "distance_bias"
+  model_config.TransformerConfig.from_config(config, VOCAB)
+  assert ("config field model.distance_window of position variant 'distance_bias' (test_variants) "
+          "is missing: the config was built before that module was imported, or written before "
+          "the field existed; using 3.") in caplog.text
+
+
 def test_a_variant_defined_here_reports_its_position_statistics(registered):
   model = _model(position="distance_bias")
   inputs = np.array([[3, 4, 5, 1, 0], [6, 1, 0, 0, 0]], np.int32)
