@@ -58,6 +58,21 @@ def _decode_step(model: model_lib.Transformer, encoded: jax.Array, inputs: jax.A
   return model.decode_step(encoded, inputs, tokens, step, cache)
 
 
+@nnx.jit
+def _forward(model: model_lib.Transformer, inputs: jax.Array, targets: jax.Array,
+             **positions_and_segments: jax.Array) -> jax.Array:
+  """`model(...)` (teacher-forced, deterministic), compiled: the trial's passes run as one
+  program each, not op by op (on 2 cores the trial of examples/kerple.py took 15 s, most of it
+  compiling about 200 single operations)."""
+  return model(inputs, targets, **positions_and_segments)
+
+
+@nnx.jit
+def _encode(model: model_lib.Transformer, inputs: jax.Array) -> jax.Array:
+  """`model.encode(inputs)`, compiled (as `_forward`)."""
+  return model.encode(inputs)
+
+
 def cached_and_full_logits(model: model_lib.Transformer, *,
                            compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
   """(logits of cached decoding, one target token a step; logits of the full teacher-forced
@@ -65,8 +80,10 @@ def cached_and_full_logits(model: model_lib.Transformer, *,
   compiled (`_decode_step`), else op by op as the full pass runs (the same arithmetic, bit
   for bit in bfloat16)."""
   decode_step = _decode_step if compiled else type(model).decode_step
-  full = model(INPUTS, TARGETS)
-  encoded = model.encode(INPUTS)
+  forward = _forward if compiled else type(model).__call__
+  encode = _encode if compiled else type(model).encode
+  full = forward(model, INPUTS, TARGETS)
+  encoded = encode(model, INPUTS)
   cache = model.init_cache(2, 7)  # longer than the targets: later slots must stay masked.
   previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
   steps = []
@@ -99,10 +116,13 @@ def packed_and_alone_logits(model: model_lib.Transformer) -> tuple[np.ndarray, n
   inputs, inputs_positions, inputs_segmentation = pack([sources, sources[::-1]], 6)
   packed_targets, targets_positions, targets_segmentation = pack([targets, targets[::-1]], 5)
   packed = np.asarray(
-      model(inputs, packed_targets, inputs_positions=inputs_positions,
-            targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
-            targets_segmentation=targets_segmentation))
-  alone = np.asarray(model(pack([[s] for s in sources], 6)[0], pack([[t] for t in targets], 5)[0]))
+      _forward(model, inputs, packed_targets, inputs_positions=inputs_positions,
+               targets_positions=targets_positions, inputs_segmentation=inputs_segmentation,
+               targets_segmentation=targets_segmentation))
+  alone = np.asarray(
+      _forward(model,
+               pack([[s] for s in sources], 6)[0],
+               pack([[t] for t in targets], 5)[0]))
   packed_rows, alone_rows = [], []
   for row, order in enumerate([(0, 1), (1, 0)]):
     start = 0
@@ -135,10 +155,10 @@ def _adds_no_position_information(model: model_lib.Transformer) -> bool:
   variant learns from zero (equivariant at the start) still gets a gradient."""
   tokens = np.array([[3, 4, 5, 6, 7]], np.int32)
   order = np.array([2, 0, 4, 1, 3])
-  encoded, reordered = model.encode(tokens), model.encode(tokens[:, order])
+  encoded, reordered = _encode(model, tokens), _encode(model, tokens[:, order])
   if float(np.abs(np.asarray(reordered) - np.asarray(encoded)[:, order]).max()) > TRIAL_ATOL:
     return False
-  grads = nnx.grad(lambda m: jnp.sum(m(INPUTS, TARGETS)**2))(model)
+  grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(INPUTS, TARGETS)**2)))(model)
   learned = [
       leaf for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads))
       if "position" in jax.tree_util.keystr(path)
