@@ -143,6 +143,18 @@ def test_subsets_split_every_sentence_once():
   test = [("a", "x"), ("a", "z"), ("c", "w")]  # a seen pair, a seen source with another target
   assert synthetic.subsets_of("test", test, set(train)) == [("in training", [0]),
                                                             ("not in training", [1, 2])]
-  long = [("p and q", "1"), ("p", "2"), ("p and q", "3")]
-  assert synthetic.subsets_of("test_long", long, set()) == [("1 clause", [1]), ("2 clauses", [0,
-                                                                                              2])]
+  long = [("p and q", "1"), ("p", "2"), ("p and q", "3"), ("p that q that r", "4")]
+  assert synthetic.subsets_of("test_long", long, set()) == [("seen constructions", [1]),
+                                                            ("2 relative clauses", [3]),
+                                                            ("2 clauses", [0, 2])]
+
+
+def test_training_sentences_hold_only_the_seen_constructions():
+  """No sentence of training's lengths (3-12 words) joins two clauses or holds two relative
+  clauses: test_long's 'seen constructions' differ from training by length alone."""
+  train = synthetic.generate(3000, 3, 12, "train")
+  assert {synthetic.long_sentence_construction(s) for s, _ in train} == {"seen constructions"}
+  assert max(synthetic.relative_clause_count(s) for s, _ in train) == 1
+  long = synthetic.generate(500, 13, 24, "long")
+  assert {synthetic.long_sentence_construction(s) for s, _ in long
+         } == {"seen constructions", "2 relative clauses", "2 clauses"}

@@ -28,7 +28,7 @@ def test_length_table_columns_and_diagnostics():
   assert "| abs | 0.50 ± 0.00 / 0.40 ± 0.00 | 0.70 ± 0.00 / 0.60 ± 0.00 |" in text
   assert "## The paper's findings" not in text  # a length table alone
   assert "BLEU by what test_long holds (sentences):" in text
-  assert "| row | 1 clause (2) | 2 clauses (8) |" in text
+  assert "| row | seen constructions (2) | 2 clauses (8) |" in text
   assert "| abs | 59.0 ± 1.0 | 24.0 ± 1.0 |" in text
   assert "BLEU by what test holds" not in text  # runs scored without test subsets
 

@@ -87,7 +87,9 @@ def test_two_rows_one_seed_write_results_table_and_plots(finished_table):
       subsets = run["scores"][split]["bleu_by_subset"]
       assert sum(s["num_sentences"] for s in subsets.values()) == 8
     assert set(run["scores"]["test"]["bleu_by_subset"]) == {"in training", "not in training"}
-    assert set(run["scores"]["test_long"]["bleu_by_subset"]) <= {"1 clause", "2 clauses"}
+    assert set(run["scores"]["test_long"]["bleu_by_subset"]) <= {
+        "seen constructions", "2 relative clauses", "2 clauses"
+    }
     _check_length_diagnostics(run)
     stats = run["position_statistics"]
     assert len(stats["attention_by_offset"]) == 1  # one encoder layer

@@ -1,5 +1,5 @@
 """Tests for relpos.experiments.synthetic_subsets: a synthetic run's test translations scored on
-the test pairs seen in training or not, and on the test_long sentences by clause count."""
+the test pairs seen in training or not, and on the test_long sentences by construction."""
 import json
 import os
 import re
@@ -58,11 +58,16 @@ def test_a_run_is_scored_on_each_subset(tmp_path):
   assert test["all"].bleu == pytest.approx(100.0) and test["all"].num_sentences == 16
   assert test["in training"].num_sentences + test["not in training"].num_sentences == 16
   long = {s.name: s for s in scored["test_long"]}
-  assert long["1 clause"].bleu == pytest.approx(100.0)
+  assert [s.name for s in scored["test_long"]] == [  # tiny's 8 sentences hold one of each kind
+      "all", "seen constructions", "2 relative clauses", "2 clauses"
+  ]
+  assert long["seen constructions"].bleu == pytest.approx(100.0)
+  assert long["2 relative clauses"].bleu == pytest.approx(100.0)
   assert long["2 clauses"].num_sentences == sum(two_clauses) and long["2 clauses"].bleu < 60.0
   lines = synthetic_subsets.markdown_lines({"run": scored})
-  assert "| run | all | 1 clause | 2 clauses |" in lines
-  assert f"| run | {long['all'].bleu:.1f} (8) | 100.0 ({8 - sum(two_clauses)}) |" in " ".join(lines)
+  assert "| run | all | seen constructions | 2 relative clauses | 2 clauses |" in lines
+  assert (f"| run | {long['all'].bleu:.1f} (8) | 100.0 ({long['seen constructions'].num_sentences})"
+          f" | 100.0 (1) |") in " ".join(lines)
 
 
 def test_translations_out_of_line_with_the_split_are_refused(tmp_path):

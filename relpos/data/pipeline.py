@@ -197,7 +197,7 @@ class Task:
 
   def subsets(self, split: str) -> list[tuple[str, list[int]]]:
     """What a held-out split holds, as (name, indices into its pairs in stored order): the
-    synthetic task's `synthetic.subsets_of` (test_long by clause count, test by whether a pair
+    synthetic task's `synthetic.subsets_of` (test_long by construction, test by whether a pair
     also occurs in training); none for a task of real data."""
     if self.name != "synthetic":
       return []

@@ -174,22 +174,45 @@ def clause_count(source: str) -> int:
   return source.split().count("and") + 1
 
 
+def relative_clause_count(source: str) -> int:
+  """The relative clauses of a generated source: "that" opens each, and only those."""
+  return source.split().count("that")
+
+
+# The constructions of a long sentence, by what training (at most 12 words) never holds: two
+# clauses joined by "and" (at least 7 words), and one clause with two relative clauses (at
+# least 13 words: "the dog that sees a cat likes the bird that sees a king").
+SEEN_CONSTRUCTIONS = "seen constructions"
+TWO_RELATIVE_CLAUSES = "2 relative clauses"
+TWO_CLAUSES = "2 clauses"
+
+
+def long_sentence_construction(source: str) -> str:
+  """Which of the test_long subsets a generated source belongs to: TWO_CLAUSES,
+  TWO_RELATIVE_CLAUSES (one clause holding two) or SEEN_CONSTRUCTIONS (one clause, at most one
+  relative clause: every construction occurs in training, only the length is new)."""
+  if clause_count(source) > 1:
+    return TWO_CLAUSES
+  return TWO_RELATIVE_CLAUSES if relative_clause_count(source) > 1 else SEEN_CONSTRUCTIONS
+
+
 def subsets_of(split: str, pairs: Sequence[tuple[str, str]],
                train_pairs: set[tuple[str, str]]) -> list[tuple[str, list[int]]]:
   """What a held-out split holds, as (name, sentence indices) of `pairs`: for `test_long`, its
-  sentences by clause count (training sentences never join two clauses: a two-clause sentence
-  holds a construction never seen, besides its length); for the other splits, the pairs that
-  also occur in training (`train_pairs`; the grammar repeats short sentences) and those that do
-  not."""
+  sentences by `long_sentence_construction` (those of constructions seen in training test
+  length alone; the others hold a construction never seen, besides their length), empty
+  subsets left out; for the other splits, the pairs that also occur in training
+  (`train_pairs`; the grammar repeats short sentences) and those that do not."""
   if split != "test_long":
     seen = [pair in train_pairs for pair in pairs]
     return [("in training", [i for i, s in enumerate(seen) if s]),
             ("not in training", [i for i, s in enumerate(seen) if not s])]
-  clauses = [clause_count(source) for source, _ in pairs]
-  return [(f"{n} clause{'s' if n > 1 else ''}", [i
-                                                 for i, c in enumerate(clauses)
-                                                 if c == n])
-          for n in sorted(set(clauses))]
+  kinds = [long_sentence_construction(source) for source, _ in pairs]
+  return [(kind, [i
+                  for i, k in enumerate(kinds)
+                  if k == kind])
+          for kind in (SEEN_CONSTRUCTIONS, TWO_RELATIVE_CLAUSES, TWO_CLAUSES)
+          if kind in kinds]
 
 
 def generate(num: int, min_words: int, max_words: int, seed: int | str, *,

@@ -19,7 +19,7 @@ and stored in its result.json (results schema 5):
   (`relpos.attention_statistics.attention_profile`).
 
 Beside the scores, `bleu_by_subset` scores what a held-out split holds (`Task.subsets`: the
-synthetic task's test_long by clause count), so a table says how much of the drop on longer
+synthetic task's test_long by construction), so a table says how much of the drop on longer
 sentences is a construction never seen in training rather than length.
 """
 import math

@@ -38,7 +38,7 @@ def values_at_length(runs: list[dict], split: str, bucket: str, value) -> list[f
 
 def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
   """Per test split its task divides (`diagnostics.bleu_by_subset`: the synthetic task's
-  test_long by clause count, test by whether a pair occurs in training), a row x subset table
+  test_long by construction, test by whether a pair occurs in training), a row x subset table
   of BLEU; nothing for runs scored before subsets were."""
   lines = []
   for split in [s for s in verdicts.splits_in_order(runs) if s != "validation"]:
@@ -68,9 +68,10 @@ def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
     ]
   if lines:
     lines += [
-        "Subsets (`relpos.data.synthetic.subsets_of`): test_long by clause count (no training "
-        "sentence joins two clauses), the other splits by whether a pair also occurs in "
-        "training.", ""
+        "Subsets (`relpos.data.synthetic.subsets_of`): test_long by construction (no training "
+        "sentence joins two clauses or holds two relative clauses: the seen constructions differ "
+        "from training by length alone; runs before 28 November 2026 split it by clause count), "
+        "the other splits by whether a pair also occurs in training.", ""
     ]
   return lines
 

@@ -4,10 +4,11 @@ splits hold (docs/length.md):
 - `test`: the pairs that also occur in the training split (the grammar repeats short sentences;
   generated from other seeds, about one test pair in ten is a training pair) and those that do
   not;
-- `test_long`: the sentences of one clause and those of two, joined by "and" ("ke" in the
-  target). Training sentences (at most `task.synthetic.max_words` = 12 words) never join two
-  clauses, so a two-clause `test_long` sentence holds a construction the model has never seen,
-  besides its length.
+- `test_long`: by construction (`synthetic.long_sentence_construction`). Training sentences
+  (at most `task.synthetic.max_words` = 12 words) never join two clauses with "and" ("ke" in
+  the target) and never hold two relative clauses, so a `test_long` sentence that does holds a
+  construction the model has never seen, besides its length; the others ("seen
+  constructions": one clause, at most one relative clause) test length alone.
 
   python -m relpos.experiments.synthetic_subsets --workdirs=W1,W2,... [--checkpoint=best]
 
