@@ -5,6 +5,7 @@ import math
 import pytest
 from scipy import stats
 
+from relpos.data import synthetic
 from relpos.experiments import verdicts
 import fake_results
 
@@ -152,6 +153,30 @@ def test_length_findings_judged_by_welch_and_oracle_length_paired():
   assert found["(iii) fire lifts test_long over t5"][0] == "not run"
   two_seeds = [r for r in fake_results.length_runs() if r["seed"] < 2]
   assert {v for f, v, _ in verdicts.length_findings(two_seeds)} <= {"not enough seeds", "not run"}
+
+
+def test_length_finding_i_is_also_judged_on_length_alone_where_runs_score_it():
+  """(i) again on test_long's sentences of constructions seen in training, by Welch's t-test
+  of their BLEU; not for runs scored before the subsets existed."""
+  runs = fake_results.length_runs()
+  for run in runs:  # rel_kv 12 BLEU above abs on the seen constructions (abs: 58, 59, 60)
+    if run["row"] == "rel_kv":
+      run["scores"]["test_long"]["bleu_by_subset"]["seen constructions"][
+          "bleu"] = 70.0 + run["seed"]
+  found = {f: (v, e) for f, v, e in verdicts.length_findings(runs)}
+  verdict, evidence = found["(i) rel_kv beats abs on test_long's seen constructions (length "
+                            "alone)"]
+  p = stats.ttest_ind([70.0, 71.0, 72.0], [58.0, 59.0, 60.0], equal_var=False).pvalue
+  assert verdict == "yes" and evidence == (f"rel_kv 71.0 ± 1.0 vs abs 59.0 ± 1.0: +12.0 [+9.7, "
+                                           f"+14.3], p = {p:.2g}")
+  assert found["(i) t5 beats abs on test_long's seen constructions (length alone)"][0] == "not run"
+  for run in runs:
+    del run["scores"]["test_long"]["bleu_by_subset"]
+  assert not [f for f, _, _ in verdicts.length_findings(runs) if "length alone" in f]
+
+
+def test_the_length_alone_subset_is_the_synthetic_tasks():
+  assert verdicts.LENGTH_ALONE_SUBSET == synthetic.SEEN_CONSTRUCTIONS
 
 
 def test_paired_t_test_against_scipy():

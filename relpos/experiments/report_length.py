@@ -242,7 +242,9 @@ def length_findings_lines(runs: list[dict]) -> list[str]:
       f"Each finding compares per-seed values by Welch's t-test ((ii): the same runs decoded "
       f"two ways, by a paired t-test): difference of means [95% confidence interval], "
       f"two-sided p. {verdicts.RULE} Each finding predicts a gap of at least "
-      f"{verdicts.MARGIN_BLEU} BLEU. (ii) also gives "
+      f"{verdicts.MARGIN_BLEU} BLEU. (i) is also judged on the {long} sentences built only "
+      f"of constructions seen in training ({verdicts.LENGTH_ALONE_SUBSET!r}: length alone) "
+      f"where the runs score them. (ii) also gives "
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
       f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
