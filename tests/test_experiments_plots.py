@@ -90,7 +90,8 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
   abs_line = test_long.get_lines()[0]
   assert abs_line.get_label() == "abs"
-  # Positions 0-11 (12-15 have 9 targets, fewer than MIN_TOKENS_PER_POSITION: not drawn).
+  # Positions 0-11 (12-15 have 9 targets, fewer than report_length.MIN_TOKENS_PER_POSITION: not
+  # drawn).
   np.testing.assert_allclose(abs_line.get_xdata(), range(12))
   np.testing.assert_allclose(abs_line.get_ydata(), [100.0] * 8 + [50.0] * 4)
   assert test_long.get_lines()[-1].get_xdata()[0] == 15.5  # after the last test position

@@ -45,3 +45,19 @@ def test_subset_cells_say_how_many_runs_they_average():
   assert "| rel_kv | 57.0 ± 2.0 | 22.0 ± 2.0 |" in lines
   assert report_length.subset_lines([fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)],
                                     ["abs"]) == []  # runs without subsets: no section
+
+
+def test_length_and_accuracy_cells_say_how_many_runs_they_average():
+  """A run without oracle-length scores (scored before they existed) or with fewer targets in
+  a position range than MIN_TOKENS_PER_POSITION leaves the cell to the others, which says so."""
+  runs = fake_results.length_runs()
+  for run in runs:
+    if run["row"] == "abs" and run["seed"] == 0:
+      del run["oracle_length"]
+      counts = run["token_accuracy_by_position"]["test_long"]["count"]
+      counts[8:16] = [1] * 8  # 8 targets in positions 8-15: too few to show
+  text = report.render_table(runs)
+  assert ("| abs | 3 | 97.0 ± 1.0 | 29.0 ± 1.0 | 63.5 ± 0.7 (2 of 3 runs) | 0.80 ± 0.00 | "
+          "60% ± 0% | 10% ± 0% | 50% ± 0% (2 of 3 runs) |") in text
+  test_long_accuracy = text.split("eos, test_long")[1]
+  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 (2 of 3 runs) | 25.0 ± 0.0 |" in test_long_accuracy

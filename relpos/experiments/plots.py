@@ -271,14 +271,11 @@ def _mean_curve(curves: list[list[float | None]]) -> tuple[np.ndarray, np.ndarra
   return np.array([p for p, _ in points]), np.array([v for _, v in points])
 
 
-# Token accuracies at a target position that fewer targets of a run reach are not drawn.
-MIN_TOKENS_PER_POSITION = 10
-
-
 def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   """The length table: teacher-forced token accuracy by target position, one panel per test
-  split, one line per row (mean over seeds; positions with at least MIN_TOKENS_PER_POSITION
-  targets); a dotted line after the last position `test` targets reach.
+  split, one line per row (mean over seeds; positions with at least
+  report_length.MIN_TOKENS_PER_POSITION targets); a dotted line after the last position `test`
+  targets reach.
 
   Returns:
     The path written, or None when no length-table run has token accuracies.
@@ -298,7 +295,7 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
     for index, row in enumerate(rows):
       stats = [r["token_accuracy_by_position"][split] for r in table if r["row"] == row]
       curves = [[
-          100 * a if c >= MIN_TOKENS_PER_POSITION else None
+          100 * a if c >= report_length.MIN_TOKENS_PER_POSITION else None
           for a, c in zip(s["accuracy"], s["count"])
       ]
                 for s in stats]
@@ -311,8 +308,8 @@ def plot_token_accuracy(runs: list[dict], path: str) -> str | None:
   axes[0][0].legend(fontsize=7, ncol=2)
   fig.suptitle(
       "Teacher-forced next-token accuracy by target position (positions that at "
-      f"least {MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: longer "
-      f"than any test target)\n{describe(table)}", fontsize=9)
+      f"least {report_length.MIN_TOKENS_PER_POSITION} targets reach; right of the dotted line: "
+      f"longer than any test target)\n{describe(table)}", fontsize=9)
   return save(fig, path)
 
 
@@ -336,16 +333,17 @@ def plot_attention_entropy(runs: list[dict], path: str) -> str | None:
       for layer, entropy in enumerate(profile["entropy_by_query"]):
         counts = profile["count_by_query"]
         ax.plot(
-            *_mean_curve(
-                [[e if c >= MIN_TOKENS_PER_POSITION else None for e, c in zip(entropy, counts)]]),
-            style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
+            *_mean_curve([[
+                e if c >= report_length.MIN_TOKENS_PER_POSITION else None
+                for e, c in zip(entropy, counts)
+            ]]), style, color=f"C{layer % 10}", label=f"layer {layer}, {split}")
     ax.set_title(row, fontsize=9)
   axes[0].legend(fontsize=6)
   _label_panels(axes, "query position (source tokens)", "attention entropy (nats)")
   fig.suptitle(
       "Encoder self-attention entropy by query position, test (solid) and test_long "
       "(dashed) sources\nmean over heads and sentences, positions at least "
-      f"{MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n; each "
+      f"{report_length.MIN_TOKENS_PER_POSITION} sentences reach; uniform over n keys: log n; each "
       f"row's lowest seed\n{describe(drawn)}", fontsize=9)
   return save(fig, path)
 

@@ -93,11 +93,17 @@ def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
         verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s)) for s in splits
     ]
     cells += [
-        verdicts.format_mean_std(verdicts.oracle_bleu(row_runs, long)),
-        verdicts.format_ratio(verdicts.length_values(row_runs, long, "ratio")),
-        verdicts.format_percent(verdicts.length_values(row_runs, long, "shorter")),
-        verdicts.format_percent(verdicts.length_values(row_runs, long, "longer")),
-        verdicts.format_percent(verdicts.recovered_shares(row_runs, test_split, long))
+        verdicts.of_runs(format_values(values), len(values), len(row_runs))
+        for format_values, values in ((verdicts.format_mean_std,
+                                       verdicts.oracle_bleu(row_runs, long)),
+                                      (verdicts.format_ratio,
+                                       verdicts.length_values(row_runs, long, "ratio")),
+                                      (verdicts.format_percent,
+                                       verdicts.length_values(row_runs, long, "shorter")),
+                                      (verdicts.format_percent,
+                                       verdicts.length_values(row_runs, long, "longer")),
+                                      (verdicts.format_percent,
+                                       verdicts.recovered_shares(row_runs, test_split, long)))
     ]
     cell_rows.append(cells)
   return markdown.table(header, cell_rows) + [
@@ -161,6 +167,9 @@ def diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str
 
 # Target positions are shown in ranges of this many tokens.
 POSITION_RANGE = 8
+# A run's token accuracy over fewer targets than this (at a position, or in a range of them)
+# is not shown: a cell of 1 token a seed would read 100.0 ± 0.0.
+MIN_TOKENS_PER_POSITION = 10
 
 
 def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
@@ -172,9 +181,11 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
       continue
     counts = [sum(c) for c in zip(*(r["token_accuracy_by_position"][split]["count"] for r in have))]
     last = max((i for i, c in enumerate(counts) if c), default=-1)
-    ranges = [
-        (low, min(low + POSITION_RANGE, last + 1)) for low in range(0, last + 1, POSITION_RANGE)
-    ]
+    ranges = [(low, min(low + POSITION_RANGE, last + 1))
+              for low in range(0, last + 1, POSITION_RANGE)
+              if any(
+                  sum(r["token_accuracy_by_position"][split]["count"][low:low + POSITION_RANGE]) >=
+                  MIN_TOKENS_PER_POSITION for r in have)]  # a range no run shows: no column
     header = ["row", *(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges), "eos"]
     cell_rows = []
     for row in rows:
@@ -185,16 +196,17 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
         for r in row_runs:
           stats = r["token_accuracy_by_position"][split]
           count = sum(stats["count"][low:high])
-          if count:
+          if count >= MIN_TOKENS_PER_POSITION:
             values.append(100 * sum(
                 a * c for a, c in zip(stats["accuracy"][low:high], stats["count"][low:high]) if c) /
                           count)
-        cells.append(verdicts.format_mean_std(values))
+        cells.append(verdicts.format_mean_std_of(values, len(row_runs)))
       eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
       cell_rows.append(cells + [verdicts.format_mean_std(eos)])
     lines += [
         f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
-        f"eos, {split}:", "", *markdown.table(header, cell_rows), ""
+        f"eos, {split} (a run counts in a range that at least {MIN_TOKENS_PER_POSITION} of its "
+        f"targets reach):", "", *markdown.table(header, cell_rows), ""
     ]
   return lines
 

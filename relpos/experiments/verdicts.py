@@ -57,8 +57,13 @@ def format_mean_std(values: Sequence[float]) -> str:
 def format_mean_std_of(values: Sequence[float], num_runs: int) -> str:
   """`format_mean_std` of values from some of a row's `num_runs` runs, saying how many when
   not all (runs scored before a measure existed lack it): "40.1 ± 0.2 (2 of 3 runs)"."""
-  cell = format_mean_std(values)
-  return cell if len(values) in (0, num_runs) else f"{cell} ({len(values)} of {num_runs} runs)"
+  return of_runs(format_mean_std(values), len(values), num_runs)
+
+
+def of_runs(cell: str, count: int, num_runs: int) -> str:
+  """A cell made of `count` of a row's `num_runs` runs, saying so when not all (and not none):
+  "0.66 ± 0.02 (2 of 3 runs)"."""
+  return cell if count in (0, num_runs) else f"{cell} ({count} of {num_runs} runs)"
 
 
 def format_percent(values: Sequence[float]) -> str:
