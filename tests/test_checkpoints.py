@@ -262,10 +262,6 @@ def test_checkpoints_move_between_one_and_four_devices(reference, data_dir, envi
   np.testing.assert_allclose(losses(fresh), losses(reference), rtol=1e-4)
 
 
-# Unpacked batches (length buckets) with dropout: what a process takes of each global batch
-# decides its rows' dropout masks, so only contiguous rows make two processes train as one.
-
-
 def test_a_run_saved_by_an_earlier_commit_restores_computes_and_resumes_as_it_did(
     data_dir, tmp_path):
   workdir = str(tmp_path / "run")

@@ -1,5 +1,7 @@
 """relpos.data.packing against grain's FirstFitPackIterDataset (the reference it replaces)."""
 
+from collections import Counter
+
 import grain
 import numpy as np
 import pytest
@@ -75,17 +77,32 @@ def test_a_state_saved_by_either_resumes_the_other(saved_by):
 
 
 def test_rows_hold_every_token_once_with_restarting_positions():
+  """Over several batches (about 3 epochs of 40 examples), each row's segments number 1, 2, ...
+  with positions restarting at 0, and the segments are the stream's examples in full, each
+  once: every example the batches took from the stream, none twice, none lost, none cut."""
   examples = _examples(40, seed=2)
-  batch = next(_relpos_batches(examples))
-  for k in packing.FEATURES:
+  batches = _relpos_batches(examples)
+  segments = []
+  for _ in range(8):
+    batch = next(batches)
     for row in range(ROWS):
-      segments = batch[f"{k}_segmentation"][row]
-      count = segments.max()
-      assert count >= 1 and set(segments[segments > 0]) == set(range(1, count + 1))
-      for segment in range(1, count + 1):
-        where = segments == segment
-        np.testing.assert_array_equal(batch[f"{k}_position"][row][where], np.arange(where.sum()))
-      assert not batch[k][row][segments == 0].any()
+      sides = {}
+      for k in packing.FEATURES:
+        segmentation = batch[f"{k}_segmentation"][row]
+        count = segmentation.max()
+        assert count >= 1 and set(segmentation[segmentation > 0]) == set(range(1, count + 1))
+        for segment in range(1, count + 1):
+          where = segmentation == segment
+          np.testing.assert_array_equal(batch[f"{k}_position"][row][where], np.arange(where.sum()))
+        assert not batch[k][row][segmentation == 0].any()
+        sides[k] = [tuple(batch[k][row][segmentation == s]) for s in range(1, count + 1)]
+      assert len(sides["inputs"]) == len(sides["targets"])
+      segments += zip(sides["inputs"], sides["targets"])
+  stream = iter(_stream(examples))
+  taken = [next(stream) for _ in range(len(segments))]  # the batches' share of the stream
+  assert Counter(segments) == Counter(
+      (tuple(example["inputs"]), tuple(example["targets"])) for example in taken)
+  assert len(segments) > 2 * len(examples)  # into the third epoch
 
 
 def test_an_example_longer_than_a_row_is_refused():

@@ -305,11 +305,25 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_refused(task, data_dir):
     pipeline.Task(_task_config(data_dir, vocab_size=16))
 
 
-def test_concat_probability_zero_is_the_pipeline_without_the_option(data_dir, task):
+def test_concat_probability_zero_is_the_pipeline_without_the_option(data_dir, task, concat_task,
+                                                                    monkeypatch):
+  """p = 0 (the default) and a config written before the option existed never call
+  `concatenated`: the same batches, every segment a training pair alone; p = 0.5's differ."""
+  assert task.config.concat_probability == 0.0
+  joined = next(concat_task.train_iterator(8, seed=0))
   config = _task_config(data_dir, max_length=32)
   del config["concat_probability"]  # a config written before the option existed
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("concatenated called with concat_probability 0")
+
+  monkeypatch.setattr(pipeline, "concatenated", refuse)
   before = pipeline.Task(config).train_iterator(8, seed=0)
-  _assert_same_batches(task.train_iterator(8, seed=0), [next(before) for _ in range(6)])
+  batches = [next(before) for _ in range(6)]
+  _assert_same_batches(task.train_iterator(8, seed=0), batches)
+  examples = _examples(task)
+  assert all(segment in examples for batch in batches for segment in _segments(batch))
+  assert not np.array_equal(joined["inputs"], batches[0]["inputs"])
 
 
 def _is_joined(inputs: tuple, targets: tuple, examples: Counter) -> bool:

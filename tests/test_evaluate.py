@@ -265,22 +265,39 @@ def test_translations_never_use_ids_beyond_a_smaller_tokenizer(tmp_path):
   assert (unmasked >= tokenizer.vocab_size).all()  # what the tokenizer would choke on
 
 
-def test_an_eval_batch_size_the_devices_do_not_divide_is_rounded_up():
+def test_an_eval_batch_size_the_devices_do_not_divide_is_rounded_up(monkeypatch):
   """A run trained with train.eval_batch_size=3 on 1 or 3 devices, evaluated on 4: the batch
-  takes a filler row, and the translations are those of a batch of 4."""
+  takes a filler row, and each text gets its own row's output, in the order of the texts.
+
+  The untrained model translates everything as '', so the search runs but its output is
+  replaced by each row's source: every text's translation is itself, and a filler row's output
+  (eos first: '') or another row's given to a text shows."""
   tokenizer = tokenizer_lib.train_tokenizer(
       ["the dog sees the cat", "a small bird sings near the river"] * 50, vocab_size=64,
       model_type="unigram", seed=0)
   config = tiny.get_config()
   model = model_lib.build_model(run_config.validate(config).model, seed=0)
   texts = ["the dog sees the cat", "a bird", "the river", "a cat", "the small bird"]
+  assert [tokenizer.decode(tokenizer.encode(text)) for text in texts] == texts
   mesh = device_mesh.make_mesh()
   assert mesh.size == 4
+  rows = []
+  translate = evaluate.decode.translate
+
+  def copy_the_source(searched, inputs, **kw):
+    tokens = translate(searched, inputs, **kw)  # the real search, sharded over the 4 devices
+    assert tokens.shape[0] == inputs.shape[0]
+    rows.append(inputs.shape[0])
+    return inputs
+
+  monkeypatch.setattr(evaluate.decode, "translate", copy_the_source)
   translated = {}
   for batch_size in (3, 4):
     config.train.eval_batch_size = batch_size
     translated[batch_size] = evaluate.translate_texts(model, tokenizer, texts, config, mesh=mesh)
-  assert translated[3] == translated[4] and len(translated[3]) == 5
+  assert rows == [4, 4, 4, 4]  # 5 texts in 2 batches of 4 rows (3 filler rows) each time
+  assert all(translated[4]) and len(set(translated[4])) == len(texts)  # non-empty, distinct
+  assert translated[3] == translated[4] == texts
 
 
 def test_the_longest_batch_runs_first_so_what_cannot_run_stops_before_any_work(monkeypatch):

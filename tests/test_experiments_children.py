@@ -55,13 +55,37 @@ class _Run:
     self.name, self.log = name, log
 
 
-def test_run_all_runs_each_command_at_most_n_at_once_and_reports_each_end(tmp_path, capsys):
+# A stand-in child that runs 0.8 s, then writes when it started and ended to argv[1].
+TIMED = """
+import sys, time
+started = time.monotonic()
+print("hi from", sys.argv[2], flush=True)
+time.sleep(0.8)
+with open(sys.argv[1], "w") as f:
+  f.write(f"{started} {time.monotonic()}")
+"""
+
+
+def _most_at_once(intervals: list[tuple[float, float]]) -> int:
+  """The most of the (start, end) intervals that overlap at any time."""
+  events = sorted([(end, -1) for _, end in intervals] + [(start, 1) for start, _ in intervals])
+  running = most = 0
+  for _, change in events:  # at a tie, an end before a start
+    running += change
+    most = max(most, running)
+  return most
+
+
+def test_run_all_runs_each_command_at_most_n_at_once_and_reports_each_end(
+    tmp_path, capsys, monkeypatch):
+  monkeypatch.setattr(children, "POLL_SECONDS", 0.05)
   runs = [_Run(f"r{i}", str(tmp_path / f"r{i}" / "run.log")) for i in range(3)]
+  times = {run.name: tmp_path / f"{run.name}.times" for run in runs}
   ended = []
   stopped = children.run_all(
-      runs, command=lambda run: [sys.executable, "-c", f"print('hi from {run.name}')"],
-      env=dict(os.environ), parallel=2, ended=lambda run, code, done: ended.append(
-          (run.name, code, done)))
+      runs, command=lambda run: [sys.executable, "-c", TIMED,
+                                 str(times[run.name]), run.name], env=dict(os.environ), parallel=2,
+      ended=lambda run, code, done: ended.append((run.name, code, done)))
   assert not stopped
   assert sorted(name for name, _, _ in ended) == ["r0", "r1", "r2"]
   assert [code for _, code, _ in ended] == [0, 0, 0] and [d for _, _, d in ended] == [1, 2, 3]
@@ -69,6 +93,9 @@ def test_run_all_runs_each_command_at_most_n_at_once_and_reports_each_end(tmp_pa
     assert f"hi from {run.name}" in open(run.log).read()
   printed = capsys.readouterr().out
   assert printed.index("started r1") < printed.index("started r2")
+  intervals = {name: tuple(map(float, path.read_text().split())) for name, path in times.items()}
+  assert _most_at_once(list(intervals.values())) == 2  # two at once, never three
+  assert intervals["r2"][0] > min(intervals["r0"][1], intervals["r1"][1])  # once one ended
 
 
 def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, monkeypatch,

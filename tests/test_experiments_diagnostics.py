@@ -3,6 +3,7 @@
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.experiments import diagnostics
@@ -49,6 +50,18 @@ class BatchTask:
 
 
 def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
+  """Targets partly the model's own predictions, so that the direct count holds right and
+  wrong tokens at several positions, right and wrong eos, and padding the model predicts.
+
+  The untrained tiny model mostly predicts its input token (PAD after BOS and on padding), and
+  never eos: in a copy of it, eos's embedding is 1.01 times that of token `final`, so that eos
+  is predicted where `final` was (the logits are products with the embedding), and a target
+  `final` followed by eos has its eos predicted right."""
+  final = 15
+  model = nnx.clone(tiny_model)
+  table = model.decoder.embed.embedding
+  table[...] = table[...].at[tokenizer_lib.EOS_ID].set(1.01 * table[...][final])
+  predict = nnx.jit(lambda module, inputs, targets: module(inputs, targets).argmax(-1))
   rng = np.random.default_rng(1)
   inputs = rng.integers(3, VOCAB, size=(4, 7)).astype(np.int32)
   targets = rng.integers(3, VOCAB, size=(4, 8)).astype(np.int32)
@@ -56,16 +69,27 @@ def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
   for row, length in enumerate(lengths):
     targets[row, length - 1], targets[row, length:] = tokenizer_lib.EOS_ID, 0
     inputs[row, 4 + row % 3:] = 0
-  predicted = np.asarray(tiny_model(inputs, targets).argmax(-1))  # one padded batch, eager
-  result = diagnostics.token_accuracy_by_position(  # two batches of two, jitted
-      tiny_model, BatchTask(inputs, targets), "test", batch_size=2, num_positions=10)
+  targets[0, 1] = targets[2, 3] = final  # before eos: rows 0 and 2 end right
+  for t in range(targets.shape[1]):  # a prediction depends on the targets before it alone
+    predicted = np.asarray(predict(model, inputs, targets))
+    for row, length in enumerate(lengths):
+      if t < length - 1 and (row + t) % 2 == 0 and predicted[row, t] > tokenizer_lib.EOS_ID:
+        targets[row, t] = predicted[row, t]
+  predicted = np.asarray(predict(model, inputs, targets))  # one padded batch
+  result = diagnostics.token_accuracy_by_position(  # two batches of two
+      model, BatchTask(inputs, targets), "test", batch_size=2, num_positions=10)
   correct, count = np.zeros(10), np.zeros(10)
-  eos = []
+  eos, before_eos = [], []
   for row, length in enumerate(lengths):
     right = predicted[row, :length] == targets[row, :length]
     correct[:length] += right
     count[:length] += 1
     eos.append(right[-1])
+    before_eos += right[:-1].tolist()
+  assert 0 < sum(before_eos) < len(before_eos)  # right and wrong tokens besides eos,
+  assert np.count_nonzero(correct) > 1  # right ones at more than one position,
+  assert 0 < sum(eos) < len(eos)  # right and wrong eos,
+  assert (predicted[targets == 0] == 0).any()  # and padding "predicted", which does not count
   assert result["count"] == count.tolist()
   expected = [c / n if n else None for c, n in zip(correct, count)]
   assert result["accuracy"] == pytest.approx(expected)

@@ -1,5 +1,7 @@
 """Tests for relpos.json_files: whole-or-nothing writes and copies, and one-line read errors."""
+import errno
 import os
+import shutil
 
 import pytest
 
@@ -14,11 +16,58 @@ def test_json_round_trip_with_dump_options(tmp_path):
   assert os.listdir(tmp_path) == ["data.json"]  # no temporary file left
 
 
-def test_a_failed_write_leaves_the_old_file(tmp_path):
+class _FailingFile:
+  """A file opened for writing whose writes write half of what they are given, then raise
+  OSError (a disk full part-way through); `written` records (file name, bytes on disk)."""
+  def __init__(self, f, written):
+    self._f, self._written = f, written
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self._f.close()
+
+  def write(self, data):
+    self._f.write(data[:len(data) // 2])
+    self._f.flush()
+    self._written.append((os.path.basename(self._f.name), os.path.getsize(self._f.name)))
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _fail_mid_write(monkeypatch) -> list:
+  """Makes every file opened for writing a `_FailingFile`; returns its `written`."""
+  written, real_open = [], open
+
+  def failing_open(name, mode="r", *args, **kwargs):
+    f = real_open(name, mode, *args, **kwargs)
+    return _FailingFile(f, written) if "w" in mode else f
+
+  monkeypatch.setattr("builtins.open", failing_open)
+  return written
+
+
+@pytest.mark.parametrize("write", ["write_text", "write_bytes", "write_json"])
+def test_a_write_failing_part_way_leaves_the_old_file(write, tmp_path, monkeypatch):
   path = str(tmp_path / "data.json")
   json_files.write_text(path, "old")
-  with pytest.raises(TypeError):
-    json_files.write_json(path, {"not JSON": object()})
+  written = _fail_mid_write(monkeypatch)
+  data = {"write_text": "new " * 1000, "write_bytes": b"new " * 1000, "write_json": ["new"] * 1000}
+  with pytest.raises(OSError, match="No space left"):
+    getattr(json_files, write)(path, data[write])
+  monkeypatch.undo()
+  [(name, size)] = written
+  assert name != "data.json" and size > 1000  # half the new content was on disk, elsewhere
+  assert open(path, encoding="utf-8").read() == "old"
+  assert os.listdir(tmp_path) == ["data.json"]  # and that elsewhere is gone
+
+
+def test_text_that_cannot_be_encoded_leaves_the_old_file(tmp_path):
+  """A lone surrogate fails in the UTF-8 encoder, once the file to write is open."""
+  path = str(tmp_path / "data.json")
+  json_files.write_text(path, "old")
+  with pytest.raises(UnicodeEncodeError):
+    json_files.write_text(path, "new " * 1000 + "\ud800")
   assert open(path, encoding="utf-8").read() == "old"
   assert os.listdir(tmp_path) == ["data.json"]
 
@@ -30,15 +79,31 @@ def test_invalid_json_is_one_line_naming_the_file(tmp_path):
     json_files.read_json(str(path))
 
 
-def test_copy_file_copies_the_bytes_and_a_failed_copy_leaves_the_old_file(tmp_path):
+def test_copy_file_copies_the_bytes_and_a_failed_copy_leaves_the_old_file(tmp_path, monkeypatch):
   source, path = tmp_path / "plot.png", str(tmp_path / "copy.png")
-  source.write_bytes(b"\x89PNG\r\n\x00\xff")
+  source.write_bytes(b"\x89PNG\r\n\x00\xff" * 100)
   json_files.write_text(path, "old")
   with pytest.raises(FileNotFoundError):
     json_files.copy_file(str(tmp_path / "missing.png"), path)
   assert open(path, encoding="utf-8").read() == "old"
+  copied = []
+
+  def copy_half(src, dst):  # the copy's destination half written, then the disk full
+    with open(src, "rb") as f, open(dst, "wb") as out:
+      out.write(f.read()[:400])
+    copied.append((os.path.basename(dst), os.path.getsize(dst)))
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(shutil, "copyfile", copy_half)
+  with pytest.raises(OSError, match="No space left"):
+    json_files.copy_file(str(source), path)
+  monkeypatch.undo()
+  [(name, size)] = copied
+  assert name != "copy.png" and size == 400
+  assert open(path, encoding="utf-8").read() == "old"
+  assert sorted(os.listdir(tmp_path)) == ["copy.png", "plot.png"]
   json_files.copy_file(str(source), path)
-  assert open(path, "rb").read() == b"\x89PNG\r\n\x00\xff"
+  assert open(path, "rb").read() == b"\x89PNG\r\n\x00\xff" * 100
   assert sorted(os.listdir(tmp_path)) == ["copy.png", "plot.png"]  # no temporary file left
 
 

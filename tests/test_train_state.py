@@ -31,6 +31,44 @@ def test_optimizer_is_adam_with_the_schedule():
                  reference_updates)
 
 
+def test_optimizer_clips_then_adam_then_decays_matrices_only():
+  """grad_clip_norm and weight_decay: global-norm clipping before Adam, then decoupled weight
+  decay of the matrices alone (not biases or LayerNorm scales), then the schedule."""
+  config = tiny.get_config().train
+  config.update(learning_rate=0.01, warmup_steps=2, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
+                grad_clip_norm=0.5, weight_decay=0.1)
+  params = {
+      "w": jnp.array([[1.0, -2.0], [0.5, 3.0]]), "b": jnp.array([0.1, -0.1]),
+      "layer_norm": {"scale": jnp.array([1.5, 0.5]), "bias": jnp.array([0.2, -0.3])}
+  }
+  schedule = train_state.learning_rate_schedule(config)
+  ours = train_state.make_optimizer(config)
+  reference = optax.chain(
+      optax.clip_by_global_norm(0.5), optax.scale_by_adam(b1=0.9, b2=0.98, eps=1e-9),
+      optax.add_decayed_weights(0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)),
+      optax.scale_by_learning_rate(schedule))
+  unclipped = optax.chain(
+      optax.scale_by_adam(b1=0.9, b2=0.98, eps=1e-9),
+      optax.add_decayed_weights(0.1, mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p)),
+      optax.scale_by_learning_rate(schedule))
+  states = [t.init(params) for t in (ours, reference, unclipped)]
+  for i in range(3):
+    grads = jax.tree.map(lambda p: (i + 2) * jnp.sin(p * (i + 1)), params)
+    assert optax.global_norm(grads) > 1.0  # above the clip's 0.5
+    updates = []
+    for n, transform in enumerate((ours, reference, unclipped)):
+      update, states[n] = transform.update(grads, states[n], params)
+      updates.append(update)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates[0], updates[1])
+  # Adam's first step is the same for any scale of the gradients; its later ones are not.
+  assert not np.allclose(updates[0]["w"], updates[2]["w"], rtol=1e-3)
+  # Zero gradients make Adam's step 0: what remains is the decay, of the matrix alone.
+  update, _ = ours.update(jax.tree.map(jnp.zeros_like, params), ours.init(params), params)
+  np.testing.assert_allclose(update["w"], -schedule(0) * 0.1 * params["w"], rtol=1e-6)
+  for leaf in (update["b"], update["layer_norm"]["scale"], update["layer_norm"]["bias"]):
+    np.testing.assert_array_equal(leaf, 0.0)
+
+
 def test_cross_entropy_with_label_smoothing_and_padding():
   logits = jnp.log(jnp.array([[[0.7, 0.1, 0.2], [0.2, 0.2, 0.6], [0.3, 0.3, 0.4]]]))
   targets = jnp.array([[2, 1, 0]])  # the last token is padding
