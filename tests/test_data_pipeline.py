@@ -250,7 +250,7 @@ def test_subsets_say_what_each_held_out_split_holds(task):
   subsets = dict(task.subsets("test_long"))
   assert sorted(i for indices in subsets.values() for i in indices) == list(range(10))
   for name, indices in subsets.items():
-    assert all(f"{synthetic.clause_count(sources[i])} clause" in name for i in indices)
+    assert all(synthetic.long_sentence_construction(sources[i]) == name for i in indices)
   train = set(zip(task.source_texts("train"), task.target_texts("train")))
   test = list(zip(task.source_texts("test"), task.target_texts("test")))
   seen = dict(task.subsets("test"))["in training"]
