@@ -6,7 +6,8 @@
                                                  # decode, seed_stack
 
 Sections not run keep their previous results in `results.json`, so a GPU run can add its
-figures beside the CPU ones: results are stored per backend (`cpu`, `gpu`, `tpu`).
+figures beside the CPU ones: results are stored per backend and device kind (`cpu: cpu`,
+`gpu: NVIDIA H200`), so a run on an H100 adds its own beside an H200's.
 """
 import json
 import os
@@ -185,8 +186,23 @@ def targets(results: dict[str, Any], backend: str) -> list[tuple[str, str, str]]
   return out
 
 
+def machine_key(backend: str, machine: dict[str, Any]) -> str:
+  """Where a machine's results are stored: "<backend>: <its device kinds>"."""
+  return f"{backend}: {', '.join(sorted(set(machine['devices'])))}"
+
+
+def by_machine(all_results: dict[str, Any]) -> dict[str, Any]:
+  """`all_results` keyed by `machine_key` (results.json before 28 November 2026 keyed them by
+  backend alone, so an H100's run replaced an H200's)."""
+  return {
+      machine_key(results["machine"].get("backend",
+                                         key.split(":")[0]), results["machine"]): results
+      for key, results in all_results.items()
+  }
+
+
 def render(all_results: dict[str, Any]) -> str:
-  """`results.md` from the stored results of every backend."""
+  """`results.md` from the stored results of every backend and device kind."""
   lines = [
       "# relpos benchmarks", "",
       "Made by `python -m benchmarks.run` (see `benchmarks/run.py`). Times are medians of "
@@ -197,10 +213,10 @@ def render(all_results: dict[str, Any]) -> str:
       "profile": profile_markdown, "profile_recipe": profile_markdown, "decode": decode_markdown,
       "seed_stack": seed_stack_markdown
   }
-  for backend, results in sorted(all_results.items()):
-    machine = results["machine"]
+  for key, results in sorted(by_machine(all_results).items()):
+    machine, backend = results["machine"], key.split(":")[0]
     lines += [
-        f"## {backend}: {', '.join(sorted(set(machine['devices'])))}", "",
+        f"## {key}", "",
         f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
         f"{machine['date']}; load average at the end {results.get('load')}.", "",
         "| target | met | measured |", "| --- | --- | --- |"
@@ -239,12 +255,8 @@ def main(argv: list[str]) -> None:
     with open(json_path, encoding="utf-8") as f:
       all_results = json.load(f)
   backend, machine = jax.default_backend(), common.machine()
-  results = all_results.setdefault(backend, {})
-  if results and set(results["machine"]["devices"]) != set(machine["devices"]):
-    # Sections not run again would stand under this machine's name: drop them (git keeps them).
-    common.progress(f"{backend} results of {sorted(set(results['machine']['devices']))} "
-                    f"replaced by this machine's ({sorted(set(machine['devices']))})")
-    results = all_results[backend] = {}
+  all_results = by_machine(all_results)
+  results = all_results.setdefault(machine_key(backend, machine), {})
   results["machine"] = machine
   for name in _SECTIONS.value:
     if not runs_on(name, backend):

@@ -239,17 +239,21 @@ def test_seed_stack_times_one_seed_and_the_stacked_step(monkeypatch):
   assert record["gain"] == pytest.approx(3 * record["one_seed_seconds"] / record["stacked_seconds"])
 
 
-def test_results_of_another_device_are_replaced_not_relabelled(tmp_path, monkeypatch):
-  """A partial rerun on another device (an H100 after an H200) would have headed the sections
-  it did not rerun with the new device's name."""
+def test_results_of_another_device_are_kept_beside_not_relabelled(tmp_path, monkeypatch):
+  """A partial rerun on another device (an H100 after an H200) adds its results under its own
+  device kind: the other device's stay, under theirs (a results.json keyed by backend alone,
+  as before 28 November 2026, is read by device kind)."""
   backend = jax.default_backend()
-  old = {"machine": {**common.machine(), "devices": ["NVIDIA H200"]}, "decode": {"old": 1}}
+  old = {"machine": {**common.machine(), "devices": ["NVIDIA H200"]}, "older": {"x": 1}}
   (tmp_path / "results.json").write_text(json.dumps({backend: old}), encoding="utf-8")
   monkeypatch.setitem(run.SECTIONS, "fake", lambda quick: {"records": []})
-  monkeypatch.setattr(run, "render", lambda all_results: "")
   flags.FLAGS.mark_as_parsed()
   with flagsaver.flagsaver(sections=["fake"], results_dir=str(tmp_path)):
     run.main([])
-  results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))[backend]
-  assert "decode" not in results and results["fake"] == {"records": []}
-  assert results["machine"]["devices"] == common.machine()["devices"]
+  stored = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+  this = f"{backend}: {', '.join(sorted(set(common.machine()['devices'])))}"
+  assert sorted(stored) == sorted([f"{backend}: NVIDIA H200", this])
+  assert stored[f"{backend}: NVIDIA H200"]["older"] == {"x": 1}
+  assert stored[this]["fake"] == {"records": []} and "older" not in stored[this]
+  text = (tmp_path / "results.md").read_text(encoding="utf-8")
+  assert f"## {backend}: NVIDIA H200" in text and f"## {this}" in text
