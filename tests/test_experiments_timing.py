@@ -44,10 +44,13 @@ def test_runs_timed_on_other_machines_are_not_compared():
   amd["environment"] = {"device_kind": "cpu", "host_cpu": "AMD EPYC (avx2)"}
   intel["environment"] = {"device_kind": "cpu", "host_cpu": "Intel Xeon (avx2)"}
   assert timing.caveat(amd, [amd, unknown]) is None  # a run that predates the record
-  assert timing.caveat(amd, [amd, intel]) == "timed on another machine than other runs"
+  assert timing.caveat(amd, [amd, intel]) == "timed on another machine than most runs"  # a tie
   assert timing.caveat(unknown, [amd, intel, unknown]) is None  # its own machine unknown
   twin = {**amd, "seed": 1}
   assert timing.caveat(amd, [amd, twin]) is None
+  # Most runs on one machine: the run on the other is the one named, not theirs.
+  assert timing.caveat(amd, [amd, twin, intel]) is None
+  assert timing.caveat(intel, [amd, twin, intel]) == "timed on another machine than most runs"
 
 
 def test_describe_load():

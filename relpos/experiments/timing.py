@@ -6,6 +6,7 @@ Each run records its machine's load while its steps were timed (`machine_load`, 
 `relpos.metrics_writer.machine_load`), and its starts and end, from which runs of a table that
 trained at the same time (`--parallel`, `--stack_seeds`) are found.
 """
+import collections
 import datetime
 
 # A run counts as timed alone unless more than this share of its timed train records saw a
@@ -33,9 +34,9 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
   "load not recorded" (runs made before relpos recorded it, or more than LOADED_SHARE_LIMIT
   of the timed steps without it), "machine loaded" (more than LOADED_SHARE_LIMIT of its timed
   steps on a machine with more runnable threads than cores + 1), "trained beside other runs"
-  (another run of `runs` trained at the same time) or "timed on another machine than other
-  runs" (another run of `runs` records another device or host CPU: a table restored from one
-  machine and continued on another)."""
+  (another run of `runs` trained at the same time) or "timed on another machine than most
+  runs" (runs of `runs` record more than one device or host CPU, a table restored from one
+  machine and continued on another, and this run's is not the one most of them record)."""
   load = run.get("machine_load") or {}
   unrecorded, loaded = load.get("unrecorded_share"), load.get("loaded_share")
   if unrecorded is None or unrecorded > LOADED_SHARE_LIMIT:
@@ -45,9 +46,18 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
   if any(other is not run and _overlaps(run, other) for other in runs):
     return "trained beside other runs"
   machine = _machine(run)
-  if machine and any(_machine(other) not in (None, machine) for other in runs):
-    return "timed on another machine than other runs"
+  if machine and machine != _most_common_machine(runs):
+    return "timed on another machine than most runs"
   return None
+
+
+def _most_common_machine(runs: list[dict]) -> tuple[str, str] | None:
+  """The machine (`_machine`) most runs record; None where no run records one, or where two
+  machines are recorded equally often (no run's timing is then the table's)."""
+  counts = collections.Counter(m for m in map(_machine, runs) if m is not None).most_common(2)
+  if not counts or (len(counts) == 2 and counts[0][1] == counts[1][1]):
+    return None
+  return counts[0][0]
 
 
 def _machine(run: dict) -> tuple[str, str] | None:
