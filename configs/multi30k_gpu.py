@@ -1,4 +1,5 @@
-"""Multi30K en→de trained to convergence on one GPU: the recipe of the Multi30K tables.
+"""Multi30K en→de, 8,000 steps on one GPU: the recipe of the Multi30K tables (on 2 CPU cores in
+float32 its runs' validation BLEU still rose by 0.9 on average over their last 2,000 steps).
 
 Text-only Transformers reach about 40 BLEU on test_2016_flickr when they are small and heavily
 regularized: the strongest text-only baselines of the multimodal-translation literature
