@@ -3,7 +3,7 @@
   python -m benchmarks.run                       # everything (17.5 minutes on 2 idle CPU cores)
   python -m benchmarks.run --quick               # fewer lengths, variants and rounds
   python -m benchmarks.run --sections=decode     # some of: attention, train_step, profile,
-                                                 # decode, seed_stack
+                                                 # decode, seed_stack, checkpoint
 
 Sections not run keep their previous results in `results.json`, so a GPU run can add its
 figures beside the CPU ones: results are stored per backend and device kind (`cpu: cpu`,
@@ -22,13 +22,15 @@ from benchmarks import attention
 from benchmarks import common
 from benchmarks import decode
 from benchmarks import profile
+from benchmarks import checkpoint
 from benchmarks import seed_stack
 from benchmarks import train_step
 from relpos import prng
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "attention": attention.run, "train_step": train_step.run, "profile": profile.run,
-    "profile_recipe": profile.run_recipe, "decode": decode.run, "seed_stack": seed_stack.run
+    "profile_recipe": profile.run_recipe, "decode": decode.run, "seed_stack": seed_stack.run,
+    "checkpoint": checkpoint.run
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -143,6 +145,19 @@ def decode_markdown(section: dict[str, Any]) -> list[str]:
   return lines
 
 
+def checkpoint_markdown(section: dict[str, Any]) -> list[str]:
+  lines = [
+      "A checkpoint save of the `abs` train state (parameters, Adam's moments; as training "
+      "saves it): the call that blocks the step, and the time until Orbax has written it in "
+      "the background (medians).", "", "| task | state MiB | saves | blocks the step ms | "
+      "written after ms |", "| --- | --- | --- | --- | --- |"
+  ]
+  for r in section["records"]:
+    lines.append(f"| {r['task']} | {r['state_mib']:.1f} | {r['saves']} | "
+                 f"{r['blocking_seconds'] * 1e3:.0f} | {r['written_seconds'] * 1e3:.0f} |")
+  return lines
+
+
 def seed_stack_markdown(section: dict[str, Any]) -> list[str]:
   lines = [
       "A row's seeds trained as one program (`--stack_seeds`) against one after another: the "
@@ -211,22 +226,35 @@ def render(all_results: dict[str, Any]) -> str:
   renderers = {
       "attention": attention_markdown, "train_step": train_step_markdown,
       "profile": profile_markdown, "profile_recipe": profile_markdown, "decode": decode_markdown,
-      "seed_stack": seed_stack_markdown
+      "seed_stack": seed_stack_markdown, "checkpoint": checkpoint_markdown
   }
   for key, results in sorted(by_machine(all_results).items()):
     machine, backend = results["machine"], key.split(":")[0]
     lines += [
         f"## {key}", "",
-        f"{machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
-        f"{machine['date']}; load average at the end {results.get('load')}.", "",
-        "| target | met | measured |", "| --- | --- | --- |"
+        f"Last run: {machine['platform']}, {machine['cpu_count']} CPUs, jax {machine['jax']}, "
+        f"{machine['date']}; load average at the end {results.get('load')}. A section run "
+        f"since 28 November 2026 says when it was measured.", "", "| target | met | measured |",
+        "| --- | --- | --- |"
     ]
     lines += [f"| {t} | {met} | {value} |" for t, met, value in targets(results, backend)]
     lines.append("")
     for name, render_section in renderers.items():
       if name in results:
-        lines += [f"### {name}", "", *render_section(results[name]), ""]
+        lines += [f"### {name}", "", *_measured(results[name]), *render_section(results[name]), ""]
   return "\n".join(lines)
+
+
+def _measured(section: dict[str, Any]) -> list[str]:
+  """When and where a section was measured, where it says (sections run before 28 November
+  2026 do not: the header's last run is not necessarily theirs)."""
+  measured = section.get("measured")
+  if not measured:
+    return []
+  return [
+      f"Measured {measured['date']} on {measured['platform']}, jax {measured['jax']}; "
+      f"load average at the end {measured['load']}.", ""
+  ]
 
 
 def runs_on(section: str, backend: str) -> bool:
@@ -265,6 +293,10 @@ def main(argv: list[str]) -> None:
     common.progress(f"section {name}")
     results[name] = SECTIONS[name](quick=_QUICK.value)
     results["load"] = common.load()
+    results[name]["measured"] = {
+        "date": machine["date"], "platform": machine["platform"], "jax": machine["jax"],
+        "load": results["load"]
+    }
     _write(json_path, json.dumps(all_results, indent=1))  # each finished section is kept
   _write(os.path.join(_RESULTS_DIR.value, "results.md"), render(all_results))
   print(render(all_results))

@@ -60,7 +60,7 @@ def packed_batch(rows: int, length: int, vocab_size: int, seed: int = 0) -> dict
   return batch
 
 
-def _config(row: str, task: str) -> ml_collections.ConfigDict:
+def row_config(row: str, task: str) -> ml_collections.ConfigDict:
   """Row `row` of `task` at the batch `batch_sizes` gives it; on a CPU in float32, as the CPU
   tables run it (XLA:CPU emulates bfloat16 matmuls)."""
   config = ablation.get_config(f"{row},{task}")
@@ -83,7 +83,7 @@ class CompiledStep(NamedTuple):
 
 def compiled_step(row: str, task: str) -> CompiledStep:
   """Compiles the train step of ablation row `row` on `task`'s model (over all devices)."""
-  config = _config(row, task)
+  config = row_config(row, task)
   model_config = run_config.validate(config).model
   steps = steps_lib.get_steps(device_mesh.make_mesh(), model_config, config.train)
   batch = steps.global_batch(

@@ -14,6 +14,7 @@ from absl.testing import flagsaver
 from flax import nnx
 
 from benchmarks import attention
+from benchmarks import checkpoint
 from benchmarks import common
 from benchmarks import decode
 from benchmarks import profile
@@ -254,6 +255,18 @@ def test_results_of_another_device_are_kept_beside_not_relabelled(tmp_path, monk
   this = f"{backend}: {', '.join(sorted(set(common.machine()['devices'])))}"
   assert sorted(stored) == sorted([f"{backend}: NVIDIA H200", this])
   assert stored[f"{backend}: NVIDIA H200"]["older"] == {"x": 1}
-  assert stored[this]["fake"] == {"records": []} and "older" not in stored[this]
+  assert stored[this]["fake"]["records"] == [] and "older" not in stored[this]
   text = (tmp_path / "results.md").read_text(encoding="utf-8")
   assert f"## {backend}: NVIDIA H200" in text and f"## {this}" in text
+  # The section says when it was measured; the older machine's sections do not.
+  assert stored[this]["fake"]["measured"]["date"] == stored[this]["machine"]["date"]
+
+
+def test_checkpoint_times_the_blocking_save_and_the_written_one(monkeypatch):
+  monkeypatch.setattr(checkpoint, "TASKS", ("synthetic",))
+  [record] = checkpoint.run(saves=2)["records"]
+  assert (record["task"], record["saves"]) == ("synthetic", 2)
+  assert 0 < record["blocking_seconds"] <= record["written_seconds"]
+  assert 0.5 < record["state_mib"] < 50  # parameters and Adam's two moments, float32
+  text = run.checkpoint_markdown({"records": [record]})
+  assert text[-1].startswith(f"| synthetic | {record['state_mib']:.1f} | 2 | ")
