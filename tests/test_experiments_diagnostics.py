@@ -70,6 +70,7 @@ def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
     targets[row, length - 1], targets[row, length:] = tokenizer_lib.EOS_ID, 0
     inputs[row, 4 + row % 3:] = 0
   targets[0, 1] = targets[2, 3] = final  # before eos: rows 0 and 2 end right
+  targets[1, 2] = final  # mid-sentence: row 1 predicts eos at position 3, before its end
   for t in range(targets.shape[1]):  # a prediction depends on the targets before it alone
     predicted = np.asarray(predict(model, inputs, targets))
     for row, length in enumerate(lengths):
@@ -79,13 +80,14 @@ def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
   result = diagnostics.token_accuracy_by_position(  # two batches of two
       model, BatchTask(inputs, targets), "test", batch_size=2, num_positions=10)
   correct, count = np.zeros(10), np.zeros(10)
-  eos, before_eos = [], []
+  eos, before_eos, early_eos = [], [], []
   for row, length in enumerate(lengths):
     right = predicted[row, :length] == targets[row, :length]
     correct[:length] += right
     count[:length] += 1
     eos.append(right[-1])
     before_eos += right[:-1].tolist()
+    early_eos += (predicted[row, :length - 1] == tokenizer_lib.EOS_ID).tolist()
   assert 0 < sum(before_eos) < len(before_eos)  # right and wrong tokens besides eos,
   assert np.count_nonzero(correct) > 1  # right ones at more than one position,
   assert 0 < sum(eos) < len(eos)  # right and wrong eos,
@@ -94,6 +96,7 @@ def test_token_accuracy_by_position_against_a_direct_count(tiny_model):
   expected = [c / n if n else None for c, n in zip(correct, count)]
   assert result["accuracy"] == pytest.approx(expected)
   assert result["eos_accuracy"] == pytest.approx(np.mean(eos))
+  assert 0 < sum(early_eos) and result["early_eos"] == pytest.approx(np.mean(early_eos))
   assert result["accuracy_all"] == pytest.approx(correct.sum() / count.sum())
 
 

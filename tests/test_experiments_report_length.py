@@ -61,3 +61,16 @@ def test_length_and_accuracy_cells_say_how_many_runs_they_average():
           "60% ± 0% | 10% ± 0% | 50% ± 0% (2 of 3 runs) |") in text
   test_long_accuracy = text.split("eos, test_long")[1]
   assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 (2 of 3 runs) | 25.0 ± 0.0 |" in test_long_accuracy
+
+
+def test_early_eos_is_a_column_where_runs_measure_it():
+  runs = fake_results.length_runs()
+  assert "eos predicted early" not in report.render_table(runs)  # runs from before it
+  for run in runs:
+    if not (run["row"] == "abs" and run["seed"] == 0):
+      run["token_accuracy_by_position"]["test_long"]["early_eos"] = 0.02 * (1 + run["seed"])
+  test_long_accuracy = report.render_table(runs).split("eos, test_long")[1]
+  assert "| row | 0-7 | 8-15 | eos | eos predicted early (%) |" in test_long_accuracy
+  assert "| abs | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 | 5.0 ± 1.4 (2 of 3 runs) |" in (
+      test_long_accuracy)
+  assert "| rel_kv | 100.0 ± 0.0 | 34.5 ± 0.0 | 25.0 ± 0.0 | 4.0 ± 2.0 |" in test_long_accuracy

@@ -167,10 +167,12 @@ def token_accuracy_by_position(model: nnx.Module, task: pipeline.Task, split: st
   Returns:
     {"accuracy": [num_positions] (None where no target is that long), "count":
      [num_positions] target tokens at each position, "eos_accuracy": accuracy on the eos
-     tokens alone (the decision to stop), "accuracy_all": on every target token}.
+     tokens alone (the decision to stop), "early_eos": the share of the other target tokens
+     where eos is predicted instead (a stop before the target's end, from 28 November 2026),
+     "accuracy_all": on every target token}.
   """
   correct, count = np.zeros(num_positions, np.int64), np.zeros(num_positions, np.int64)
-  eos_correct = eos_count = all_correct = all_count = 0
+  eos_correct = eos_count = all_correct = all_count = early_eos = 0
   for batch in task.eval_batches(split, batch_size, max_len=model.config.max_len):
     targets = batch["targets"]  # [batch, t]
     predicted = np.asarray(_predicted_tokens(model, batch["inputs"], targets))  # [batch, t]
@@ -182,10 +184,12 @@ def token_accuracy_by_position(model: nnx.Module, task: pipeline.Task, split: st
     is_eos = targets == tokenizer_lib.EOS_ID
     eos_correct += int((right & is_eos).sum())
     eos_count += int(is_eos.sum())
+    early_eos += int(((predicted == tokenizer_lib.EOS_ID) & real & ~is_eos).sum())
     all_correct += int(right.sum())
     all_count += int(real.sum())
   return {
       "accuracy": [float(c / n) if n else None for c, n in zip(correct, count)],
       "count": count.tolist(), "eos_accuracy": eos_correct / max(eos_count, 1),
+      "early_eos": early_eos / max(all_count - eos_count, 1),
       "accuracy_all": all_correct / max(all_count, 1)
   }

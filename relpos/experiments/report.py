@@ -39,7 +39,7 @@ with one run per (table, row, seed), each also holding the "environment" (versio
        "by_source_length": {bucket: {"ratio", "shorter", "longer", "num_sentences"}}}},
      "oracle_length": {split: {"bleu", "chrf", ..., "bleu_by_source_length": {...}}},
      "token_accuracy_by_position": {split: {"accuracy": [...], "count": [...],
-       "eos_accuracy", "accuracy_all"}},
+       "eos_accuracy", "early_eos" (from 28 November 2026), "accuracy_all"}},
      "attention_profile": {split: {"entropy_by_query": [layer][position],
        "normalized_entropy": [layer], "attention_by_offset", "offsets", "count_by_query",
        "mean_length"}}}

@@ -170,6 +170,8 @@ POSITION_RANGE = 8
 # A run's token accuracy over fewer targets than this (at a position, or in a range of them)
 # is not shown: a cell of 1 token a seed would read 100.0 ± 0.0.
 MIN_TOKENS_PER_POSITION = 10
+EARLY_EOS_NOTE = ("; eos predicted early: the share of the other target tokens where eos is "
+                  "predicted instead, a stop before the target's end")
 
 
 def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
@@ -186,7 +188,9 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
               if any(
                   sum(r["token_accuracy_by_position"][split]["count"][low:low + POSITION_RANGE]) >=
                   MIN_TOKENS_PER_POSITION for r in have)]  # a range no run shows: no column
+    early = any("early_eos" in r["token_accuracy_by_position"][split] for r in have)
     header = ["row", *(f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in ranges), "eos"]
+    header += ["eos predicted early (%)"] if early else []
     cell_rows = []
     for row in rows:
       row_runs = [r for r in have if r["row"] == row]
@@ -202,11 +206,20 @@ def _accuracy_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]:
                           count)
         cells.append(verdicts.format_mean_std_of(values, len(row_runs)))
       eos = [100 * r["token_accuracy_by_position"][split]["eos_accuracy"] for r in row_runs]
-      cell_rows.append(cells + [verdicts.format_mean_std(eos)])
+      cells.append(verdicts.format_mean_std(eos))
+      if early:  # runs scored before 28 November 2026 lack it
+        shares = [
+            100 * r["token_accuracy_by_position"][split]["early_eos"]
+            for r in row_runs
+            if "early_eos" in r["token_accuracy_by_position"][split]
+        ]
+        cells.append(verdicts.format_mean_std_of(shares, len(row_runs)))
+      cell_rows.append(cells)
     lines += [
         f"Teacher-forced token accuracy (%) by target position (tokens, from 0), and on "
         f"eos, {split} (a run counts in a range that at least {MIN_TOKENS_PER_POSITION} of its "
-        f"targets reach):", "", *markdown.table(header, cell_rows), ""
+        f"targets reach{EARLY_EOS_NOTE if early else ''}):", "", *markdown.table(header, cell_rows),
+        ""
     ]
   return lines
 
