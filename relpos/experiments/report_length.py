@@ -37,9 +37,9 @@ def values_at_length(runs: list[dict], split: str, bucket: str, value) -> list[f
 
 
 def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
-  """Per test split its task divides (`diagnostics.bleu_by_subset`: the synthetic task's
-  test_long by construction, test by whether a pair occurs in training), a row x subset table
-  of BLEU; nothing for runs scored before subsets were."""
+  """Of one table's runs: per test split its task divides (`diagnostics.bleu_by_subset`: the
+  synthetic task's test_long by construction, test by whether a pair occurs in training), a
+  row x subset table of BLEU; nothing for runs scored before subsets were."""
   lines = []
   for split in [s for s in verdicts.splits_in_order(runs) if s != "validation"]:
     have = [r for r in runs if "bleu_by_subset" in r["scores"].get(split, {})]
@@ -51,14 +51,10 @@ def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
         sizes.setdefault(name, subset["num_sentences"])
     cell_rows = []
     for row in rows:
-      row_runs = [r for r in have if r["row"] == row]
       num_runs = sum(r["row"] == row for r in runs)  # with those scored before subsets were
       cell_rows.append([row] + [
-          verdicts.format_mean_std_of([
-              r["scores"][split]["bleu_by_subset"][name]["bleu"]
-              for r in row_runs
-              if r["scores"][split]["bleu_by_subset"].get(name, {}).get("bleu") is not None
-          ], num_runs)
+          verdicts.format_mean_std_of(
+              verdicts.subset_bleu_values(have, have[0]["table"], row, split, name), num_runs)
           for name in sizes
       ])
     lines += [
