@@ -1,6 +1,12 @@
 """Stopping on a signal: SIGTERM or SIGINT (or JAX's preemption sync point on several
 processes) recorded by a handler, so that the work in flight ends where it can save (training
-after a step, a table between runs) instead of where the signal found it."""
+after a step, a table between runs) instead of where the signal found it.
+
+On several processes JAX's preemption notifier owns SIGTERM: it tells every process, and
+`multihost_utils.reached_preemption_sync_point` names the step at which all of them save. A
+SIGINT (Ctrl-C) is recorded here and passed on to that notifier as a SIGTERM of its own process,
+so that it too stops every process at one saved step, not the one process where a
+KeyboardInterrupt would leave the others waiting in a collective."""
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -14,7 +20,7 @@ class Preemption:
 
   One process: a handler of both signals (installed from the main thread) records the signal,
   checked after every step. Several: JAX's preemption service agrees on the step at which all
-  processes save.
+  processes save; the handler takes SIGINT alone and raises SIGTERM for JAX's notifier.
 
   Args:
     signals: the signals handled (default SIGNALS); the others keep their handlers.
@@ -22,8 +28,10 @@ class Preemption:
       raise, to stop the work in flight at once).
 
   Attributes:
-    signal: the name of the last signal received ("SIGTERM", "SIGINT"), or None.
+    signal: the name of the last signal received ("SIGTERM", "SIGINT"; on several processes
+      only "SIGINT", a SIGTERM being JAX's), or None.
     count: how many of the signals were received.
+    several_processes: whether JAX's sync point decides (`jax.process_count()` > 1).
   """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -35,20 +43,29 @@ class Preemption:
     self._signals = tuple(signals)
     self._on_signal = on_signal
     self._requested = threading.Event()
-    self._handles_signal = (jax.process_count() == 1 and
-                            threading.current_thread() is threading.main_thread())
+    self.several_processes = jax.process_count() > 1
     self._previous = {}
 
   def _request(self, signum: int, _) -> None:
     self.signal = signal.Signals(signum).name
     self.count += 1
     self._requested.set()
+    if self.several_processes:
+      signal.raise_signal(signal.SIGTERM)  # to JAX's preemption notifier: every process saves
     if self._on_signal is not None:
       self._on_signal(self.signal)
 
+  def _handled(self) -> tuple[signal.Signals, ...]:
+    """The signals this handler takes: none off the main thread (Python allows none there);
+    SIGINT alone on several processes (SIGTERM is JAX's)."""
+    if threading.current_thread() is not threading.main_thread():
+      return ()
+    if self.several_processes:
+      return tuple(s for s in self._signals if s == signal.SIGINT)
+    return self._signals
+
   def __enter__(self) -> "Preemption":
-    if self._handles_signal:
-      self._previous = {s: signal.signal(s, self._request) for s in self._signals}
+    self._previous = {s: signal.signal(s, self._request) for s in self._handled()}
     return self
 
   def __exit__(self, *exc_info) -> None:
@@ -57,6 +74,6 @@ class Preemption:
 
   def reached(self, step: int) -> bool:
     """Whether to save and stop after `step` (same answer on every process)."""
-    if jax.process_count() > 1:
+    if self.several_processes:
       return multihost_utils.reached_preemption_sync_point(step)
     return self._requested.is_set()

@@ -315,7 +315,11 @@ def check_interrupted(preemption: Preemption, runs: list[Run]) -> None:
   """Raises KeyboardInterrupt (naming what `runs` saved) when `preemption` caught SIGINT; marks
   `runs` preempted when it caught SIGTERM, also one that came during the last step's
   validation or save, after the loop last asked (the runs are saved: their callers stop, where
-  a table would go on to their final evaluation)."""
+  a table would go on to their final evaluation). On several processes a SIGINT stops only at
+  the step JAX's sync point names: one that named no step before the last goes unheeded, as
+  every process goes on to the final evaluation together."""
+  if preemption.several_processes and not any(r.result.get("preempted") for r in runs):
+    return
   if preemption.signal == "SIGTERM":
     for run in runs:
       run.result["preempted"] = True

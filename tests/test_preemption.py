@@ -33,3 +33,23 @@ def test_only_the_chosen_signals_and_the_callback_may_stop_the_work_at_once():
       assert signal.getsignal(signal.SIGINT) is sigint
       os.kill(os.getpid(), signal.SIGTERM)
   assert signal.getsignal(signal.SIGTERM) is sigterm
+
+
+def test_on_several_processes_sigint_becomes_jax_s_sigterm(monkeypatch):
+  """JAX's preemption notifier owns SIGTERM there (here a recorder stands in for it): SIGINT is
+  recorded and raised again as SIGTERM, for the sync point to stop every process at one step."""
+  monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
+                      lambda step: step >= 7)
+  notified = []
+  notifier = lambda signum, _: notified.append(signum)
+  sigterm = signal.signal(signal.SIGTERM, notifier)
+  try:
+    with preemption.Preemption() as stop:
+      assert stop.several_processes and not stop.reached(6)
+      assert signal.getsignal(signal.SIGTERM) is notifier  # JAX's, untouched
+      os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: recorded, passed on
+      assert stop.signal == "SIGINT" and notified == [signal.SIGTERM]
+      assert stop.reached(7)
+  finally:
+    signal.signal(signal.SIGTERM, sigterm)

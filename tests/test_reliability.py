@@ -346,3 +346,46 @@ def test_two_processes_train_resume_and_evaluate_as_one(data_dir, environment, x
     translations = f.read()
     assert translations == g.read()
   assert translations.count("\n") == 16 and "\n\n" not in translations  # none empty
+
+
+def test_ctrl_c_to_one_of_two_processes_saves_both_at_one_step(data_dir, environment, xla_flags,
+                                                               tmp_path):
+  """SIGINT reaches one process of two (2 devices each): both stop after the step JAX's sync
+  point names and save it together, the one with status 130 and "interrupted", the other
+  preempted with 0 (a KeyboardInterrupt in one would leave the other waiting in a collective)."""
+  workdir = str(tmp_path / "two")
+  overrides = {
+      **TWO_PROCESS_RUN, "train.num_steps": 100_000, "train.checkpoint_every_steps": 100_000
+  }
+  environment = {**environment, "XLA_FLAGS": xla_flags(2)}
+  for attempt in (1, 2):  # Gloo gives up connecting after 30 s: retried once on another port
+    address = f"localhost:{random.randrange(20000, 40000)}"
+    logs = [(tmp_path / f"stdout{i}-{attempt}", tmp_path / f"stderr{i}-{attempt}") for i in (0, 1)]
+    processes = [
+        subprocess.Popen(
+            train_command(workdir, data_dir, overrides) + [f"--multihost={address},2,{i}"],
+            stdout=out.open("w"), stderr=err.open("w"), env=environment)
+        for i, (out, err) in enumerate(logs)
+    ]
+    try:
+      while max_logged_step(workdir) < 3 and all(p.poll() is None for p in processes):
+        time.sleep(0.05)
+      if max_logged_step(workdir) >= 3:
+        processes[0].send_signal(signal.SIGINT)
+      codes = [p.wait(timeout=120) for p in processes]
+    finally:
+      for p in processes:
+        p.kill()
+    stdout, stderr = ([path.read_text(encoding="utf-8") for path in paths] for paths in zip(*logs))
+    if codes != [130, 0] and attempt == 1 and any("Gloo" in e or "timed out" in e for e in stderr):
+      shutil.rmtree(workdir, ignore_errors=True)
+      continue
+    break
+  assert codes == [130, 0], stderr[0][-3000:] + stderr[1][-3000:]
+  step = int(checkpoints.read_state(workdir)["step"])
+  assert step == max_logged_step(workdir) and step >= 3
+  assert "Traceback" not in stderr[0] and stderr[0].strip().splitlines()[-1] == (
+      f"interrupted: saved step {step} to {checkpoints.checkpoint_dir(workdir)}; run the same "
+      "command again to resume.")
+  result = json.loads(stdout[1].strip().splitlines()[-1])
+  assert result["preempted"] and result["step"] == step
