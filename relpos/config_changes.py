@@ -78,7 +78,7 @@ _FIXED_ON_RESUME = {
     fields.SELECTION: ("the best checkpoint and early stopping would rank validation BLEU "
                        "against validation loss"),
     fields.DATA: ("the data position saved with the checkpoints would mean another place in the "
-                  "data"),
+                  "data (another order or another set of examples)"),
 }
 
 

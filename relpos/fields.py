@@ -24,7 +24,7 @@ SAME = object()  # Field.absent: a config without the field means its default
 # not change on resume, because the tokenizer, or the model, would change under the
 # checkpoints' parameters, the choice of the best checkpoint and early stopping would compare
 # validations measured two ways, or the data position saved with a checkpoint would mean another
-# place in the data (DATA).
+# place in the data (DATA: the seed's shuffle order, the examples max_length keeps).
 NEUTRAL, RESULT, TOKENIZER, PARAMETERS = "neutral", "result", "tokenizer", "parameters"
 SELECTION, DATA = "selection", "data"
 

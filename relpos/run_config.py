@@ -38,7 +38,7 @@ _CHOICE = "'best', 'latest' or 'average:<N>' with N >= 2"
 # task's with a model sized for 2 CPU cores (`configs/default.py`); `absent` is the value that
 # reproduces runs saved before a field existed.
 SECTIONS: dict[str, dict[str, Field]] = {
-    "": {"seed": Field(0, integer(0), "parameters, dropout and data order")},
+    "": {"seed": Field(0, integer(0), "parameters, dropout and data order", effect=fields.DATA)},
     "task": {
         "name": Field("synthetic", one_of(*TASKS), "the data", effect=TOKENIZER),
         "tfds_data_dir": Field("", STRING, "'' -> $RELPOS_DATA_DIR or ~/tensorflow_datasets",
@@ -56,12 +56,14 @@ SECTIONS: dict[str, dict[str, Field]] = {
                                 "SentencePiece model", effect=TOKENIZER),
         "spm_seed": Field(0, integer(0), "tokenizer training sample (above 2M sentences)",
                           effect=TOKENIZER),
-        "max_length": Field(48, integer(2), "training: tokens per sequence"),
+        "max_length": Field(48, integer(2), "training: tokens per sequence", effect=fields.DATA),
         "overlong": Field("filter", one_of("filter", "truncate"),
-                          "training sentences over max_length (evaluation never drops)"),
+                          "training sentences over max_length (evaluation never drops)",
+                          effect=fields.DATA),
         "packing": Field(True, BOOLEAN, "pack examples into rows (False: length buckets)",
                          effect=fields.DATA),
-        "shuffle_buffer_seed": Field(0, integer(0), "folded with seed into the shuffle seed"),
+        "shuffle_buffer_seed": Field(0, integer(0), "folded with seed into the shuffle seed",
+                                     effect=fields.DATA),
         "concat_probability": Field(
             0.0, number(0.0, 1.0), "training: probability that an example is joined with a "
             "random other one (Kondo et al. 2021); 0: off"),

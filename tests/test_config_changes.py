@@ -81,21 +81,29 @@ def test_a_field_newer_than_the_saved_config_stops_a_resume_only_off_its_default
 
 @pytest.mark.parametrize("packing, field, value", [(True, "task.packing", False),
                                                    (False, "task.packing", True),
-                                                   (False, "train.batch_size", 64)])
+                                                   (False, "train.batch_size", 64),
+                                                   (True, "seed", 2),
+                                                   (True, "task.shuffle_buffer_seed", 1),
+                                                   (True, "task.max_length", 40),
+                                                   (True, "task.overlong", "truncate")])
 def test_a_change_of_the_data_position_meaning_stops_a_resume(tmp_path, packing, field, value):
-  """A saved data position is of the pipeline's form (packed or bucketed), and without packing
-  it counts windows of batch_size examples: a resume would fail in grain, or skip data."""
+  """A saved data position is of the pipeline's form (packed or bucketed), without packing it
+  counts windows of batch_size examples, and it is an index into the seed's shuffle of the
+  examples max_length keeps: a resume would fail in grain, or silently read other data (a seed
+  changed on resume once only warned, and config.json then named the new seed)."""
   workdir, _ = _saved_run(tmp_path, lambda saved: saved["task"].update(packing=packing))
   config = tiny.get_config()
   config.task.packing = packing
-  section, name = field.split(".")
-  before = config[section][name]
-  config[section][name] = value
+  section, _, name = field.rpartition(".")
+  fields = config[section] if section else config
+  before = fields[name]
+  fields[name] = value
   with pytest.raises(
       ValueError, match=re.escape(
           f"config field {field}={value!r} differs from the {before!r} that the checkpoints in "
           f"{workdir} were trained with ({workdir}/config.json): the data position saved with the "
-          "checkpoints would mean another place in the data.")):
+          "checkpoints would mean another place in the data (another order or another set of "
+          "examples).")):
     config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
 
 
