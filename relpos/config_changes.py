@@ -72,6 +72,8 @@ def result_differences(before: run_config.RunConfig,
   ]
 
 
+# Why a change stops a resume: by the field's effect, or by what `_resume_effect` finds.
+VALIDATION_MEASURE, OPTIMIZER_FORM = "validation measure", "optimizer form"
 _FIXED_ON_RESUME = {
     fields.TOKENIZER: "the tokenizer would change under the model",
     fields.PARAMETERS: "the model would change under its parameters",
@@ -79,14 +81,32 @@ _FIXED_ON_RESUME = {
                        "against validation loss"),
     fields.DATA: ("the data position saved with the checkpoints would mean another place in the "
                   "data (another order or another set of examples)"),
+    VALIDATION_MEASURE: ("the best checkpoint and early stopping would rank validations measured "
+                         "two ways"),
+    OPTIMIZER_FORM: ("the optimizer would gain or lose a transform, and the optimizer state "
+                     "saved with the checkpoints would not fit it"),
 }
+# The decoding of validation BLEU (when decode.validation_bleu ranks checkpoints by it) and the
+# validation set: a change ranks new validations against old ones.
+_VALIDATION_FIELDS = ("decode.beam_size", "decode.alpha", "decode.max_decode_len")
+# Transforms `train_state.make_optimizer` adds only above 0.
+_OPTIONAL_TRANSFORMS = ("train.grad_clip_norm", "train.weight_decay")
 
 
-def _resume_effect(path: str, config: run_config.RunConfig) -> str:
-  """`effect(path)`, but for the data position: without packing a saved position counts windows
-  of train.batch_size examples, so there the batch size is fixed on resume too."""
+def _resume_effect(change: tuple[str, Any, Any], config: run_config.RunConfig) -> str:
+  """`effect` of a changed (field, before, after), or what else makes it stop a resume: without
+  packing a saved position counts windows of train.batch_size examples (DATA); validation
+  decoding under decode.validation_bleu, and the synthetic task's validation set, change how
+  validations are measured (VALIDATION_MEASURE); clipping or weight decay turned on or off
+  changes the optimizer state's form (OPTIMIZER_FORM)."""
+  path, before, after = change
   if path == "train.batch_size" and not config.task.packing:
     return fields.DATA
+  if (path in _VALIDATION_FIELDS and config.decode.validation_bleu or
+      path == "task.synthetic.num_validation" and config.task.name == "synthetic"):
+    return VALIDATION_MEASURE
+  if path in _OPTIONAL_TRANSFORMS and ((before or 0) > 0) != ((after or 0) > 0):
+    return OPTIMIZER_FORM
   return effect(path)
 
 
@@ -104,10 +124,10 @@ def check_resume(config: run_config.RunConfig, workdir: str, *, resuming: bool) 
   if not os.path.exists(path):
     return
   changed = differences(run_config.read(path), config)
-  fixed = [d for d in changed if _resume_effect(d[0], config) in _FIXED_ON_RESUME]
+  fixed = [d for d in changed if _resume_effect(d, config) in _FIXED_ON_RESUME]
   if resuming and fixed:
     field, before, after = fixed[0]
-    why = _FIXED_ON_RESUME[_resume_effect(field, config)]
+    why = _FIXED_ON_RESUME[_resume_effect(fixed[0], config)]
     raise ValueError(
         f"config field {field}={after!r} differs from the {before!r} that the checkpoints in "
         f"{workdir} were trained with ({path}): {why}. Resume "

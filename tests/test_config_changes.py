@@ -10,6 +10,16 @@ from relpos import run_config
 from test_run_config import _saved_run
 
 
+def _set(config, path: str, value):
+  """Sets the field at a dotted path ("seed", "task.synthetic.num_validation") and returns the
+  value it had."""
+  *sections, name = path.split(".")
+  for section in sections:
+    config = config[section]
+  before, config[name] = config[name], value
+  return before
+
+
 @pytest.mark.parametrize("field, value", [("model.position", "rope"), ("model.dtype", "bfloat16"),
                                           ("model.dropout_rate", 0.3),
                                           ("model.max_relative_position", 8)])
@@ -94,10 +104,7 @@ def test_a_change_of_the_data_position_meaning_stops_a_resume(tmp_path, packing,
   workdir, _ = _saved_run(tmp_path, lambda saved: saved["task"].update(packing=packing))
   config = tiny.get_config()
   config.task.packing = packing
-  section, _, name = field.rpartition(".")
-  fields = config[section] if section else config
-  before = fields[name]
-  fields[name] = value
+  before = _set(config, field, value)
   with pytest.raises(
       ValueError, match=re.escape(
           f"config field {field}={value!r} differs from the {before!r} that the checkpoints in "
@@ -129,3 +136,43 @@ def test_the_checkpoint_interval_changes_a_result_only_where_checkpoints_are_ave
       d[0] for d in config_changes.result_differences(run_config.validate(before),
                                                       run_config.validate(after))
   ] == ["train.checkpoint_every_steps"]
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("decode.beam_size", 1, "the best checkpoint and early stopping would rank validations "
+     "measured two ways"),
+    ("decode.alpha", 1.0, "the best checkpoint and early stopping would rank validations "
+     "measured two ways"),
+    ("task.synthetic.num_validation", 32, "the best checkpoint and early stopping would rank "
+     "validations measured two ways"),
+    ("train.grad_clip_norm", 1.0, "the optimizer would gain or lose a transform, and the "
+     "optimizer state saved with the checkpoints would not fit it"),
+    ("train.weight_decay", 0.01, "the optimizer would gain or lose a transform, and the "
+     "optimizer state saved with the checkpoints would not fit it"),
+])
+def test_what_checkpoints_are_ranked_by_or_the_optimizer_form_stops_a_resume(
+    tmp_path, field, value, why):
+  """Validation BLEU decoded otherwise (or on another validation set) would be ranked against
+  the earlier validations; clipping or weight decay turned on would give the optimizer state a
+  form the checkpoints do not have (Orbax's mismatch read as damage before)."""
+  workdir, _ = _saved_run(tmp_path)
+  config = tiny.get_config()
+  before = _set(config, field, value)
+  with pytest.raises(
+      ValueError, match=re.escape(f"config field {field}={value!r} differs from the "
+                                  f"{before!r} that the checkpoints in {workdir} were "
+                                  f"trained with ({workdir}/config.json): {why}. Resume")):
+    config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
+
+
+def test_resume_allows_decoding_under_loss_ranking_and_a_clipping_norm_above_zero(tmp_path, caplog):
+  """Without validation BLEU the beam changes no validation; a clipping norm changed above
+  zero keeps the optimizer's form."""
+  workdir, _ = _saved_run(
+      tmp_path, lambda saved:
+      (saved["decode"].update(validation_bleu=False), saved["train"].update(grad_clip_norm=1.0)))
+  config = tiny.get_config()
+  config.decode.update(validation_bleu=False, beam_size=1)
+  config.train.grad_clip_norm = 2.0
+  config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
+  assert "decode.beam_size=2->1" in caplog.text and "train.grad_clip_norm=1.0->2.0" in caplog.text
