@@ -110,9 +110,14 @@ def _resume_effect(change: tuple[str, Any, Any], config: run_config.RunConfig) -
   return effect(path)
 
 
-def check_resume(config: run_config.RunConfig, workdir: str, *, resuming: bool) -> None:
+def check_resume(config: run_config.RunConfig, workdir: str, *,
+                 resuming: bool) -> list[tuple[str, Any, Any]]:
   """Compares `config` with the config.json of the run's earlier start (when there is one),
   warning about the fields that differ.
+
+  Returns:
+    The (field, value before, value now) that differ (`differences`; none without config.json),
+    for the start's record (`metrics_writer.record_start`): config.json names only the last.
 
   Raises:
     ValueError: (`resuming`) a field that would change the tokenizer or the model under the
@@ -122,7 +127,7 @@ def check_resume(config: run_config.RunConfig, workdir: str, *, resuming: bool) 
   """
   path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
-    return
+    return []
   changed = differences(run_config.read(path), config)
   fixed = [d for d in changed if _resume_effect(d, config) in _FIXED_ON_RESUME]
   if resuming and fixed:
@@ -135,3 +140,4 @@ def check_resume(config: run_config.RunConfig, workdir: str, *, resuming: bool) 
   if changed:
     logging.warning("%s: changed since the run's last start: %s.", path,
                     ", ".join(f"{k}={b!r}->{a!r}" for k, b, a in changed))
+  return changed

@@ -11,6 +11,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -138,12 +139,15 @@ def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) ->
   }
 
 
-def record_start(workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None,
-                 *, tokenizer_sha256: str | None = None) -> None:
+def record_start(
+    workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None, *,
+    tokenizer_sha256: str | None = None, config_changes: Sequence[tuple[str, Any,
+                                                                        Any]] = ()) -> None:
   """Appends a start of the run (UTC time, the step it starts from, the source commit, the
   host and its usable CPU cores, the code of a position variant of the user's own:
-  `user_modules.variant_code`, and the SHA-256 of the tokenizer it trains with) to
-  `workdir/starts.jsonl` (process 0)."""
+  `user_modules.variant_code`, the SHA-256 of the tokenizer it trains with, and the config
+  fields changed since the last start as {"field", "before", "after"}:
+  `config_changes.check_resume`) to `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
@@ -154,6 +158,9 @@ def record_start(workdir: str, step: int, commit: str, variant_code: dict[str, A
     record["variant_code"] = variant_code
   if tokenizer_sha256 is not None:
     record["tokenizer_sha256"] = tokenizer_sha256
+  if config_changes:
+    record["config_changes"] = [{"field": field, "before": before, "after": after}
+                                for field, before, after in config_changes]
   with open(os.path.join(workdir, STARTS_FILE), "a", encoding="utf-8") as f:
     f.write(json.dumps(record) + "\n")
 

@@ -129,7 +129,8 @@ def train_seeds(configs: Sequence[run_config.RunConfig],
       for workdir, one in zip(workdirs, opened):
         metrics_writer.record_start(workdir, int(one.state["step"]), source_tree.commit(),
                                     user_modules.variant_code(configs[0].model.position),
-                                    tokenizer_sha256=one.task.tokenizer.sha256())
+                                    tokenizer_sha256=one.task.tokenizer.sha256(),
+                                    config_changes=one.config_changes)
       return _stacked_loop(configs, workdirs, steps, opened, started)
   logging.warning("The seeds resume from different steps (%s): each trains alone, not stacked.",
                   ", ".join(f"{w}: {int(o.state['step'])}" for w, o in zip(workdirs, opened)))

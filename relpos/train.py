@@ -96,7 +96,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
                                         "resuming with the file as it is")
     metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit(),
                                 user_modules.variant_code(config.model.position),
-                                tokenizer_sha256=opened.task.tokenizer.sha256())
+                                tokenizer_sha256=opened.task.tokenizer.sha256(),
+                                config_changes=opened.config_changes)
     return _train_loop(config, workdir, steps, opened, started)
 
 
@@ -106,6 +107,8 @@ class Opened(NamedTuple):
   manager: ocp.CheckpointManager
   train_iterator: grain.DatasetIterator  # at the position of `state`
   state: train_state.TrainState  # restored from the newest checkpoint, or fresh
+  # (field, value before, value now) of the fields changed since the run's last start.
+  config_changes: tuple[tuple[str, Any, Any], ...] = ()
 
 
 @contextlib.contextmanager
@@ -124,7 +127,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
   with locks.hold(workdir):
     metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
     resuming = checkpoints.newest_step(workdir) is not None
-    config_changes.check_resume(config, workdir, resuming=resuming)
+    changes = config_changes.check_resume(config, workdir, resuming=resuming)
     task = pipeline.get_task(config.task)
     if resuming:  # a start that saved no checkpoint trained nothing on its tokenizer
       metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
@@ -139,7 +142,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
                                            shard_count=jax.process_count())
       state = initial_state(config, steps, manager, train_iterator)
       run_config.write_to(config, workdir)  # once the checkpoints are known to fit the config
-      yield Opened(task, manager, train_iterator, state)
+      yield Opened(task, manager, train_iterator, state, tuple(changes))
     finally:
       manager.close()
 

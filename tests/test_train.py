@@ -82,6 +82,10 @@ def test_restarted_run_continues_from_its_checkpoint(trained, tmp_path):
   uninterrupted = [r for r in metrics_writer.read_metrics(workdir) if r["split"] == "train"]
   assert metrics_writer.without_timing(uninterrupted) == metrics_writer.without_timing(
       [r for r in records if r["split"] == "train"])
+  # config.json names the last start's budget; the starts say what changed, and when.
+  starts = metrics_writer.read_starts(stopped)
+  assert [(s["step"], s.get("config_changes")) for s in starts
+         ] == [(0, None), (8, [{"field": "train.num_steps", "before": 8, "after": NUM_STEPS}])]
 
 
 def test_resuming_past_the_budget_stops_naming_the_step(trained, tmp_path):
