@@ -348,9 +348,9 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
       a split stored in another order than its files' (WMT14) also gets its sources written.
 
   Returns:
-    {"step", "checkpoint", "beam_size", "alpha", "num_sentences", "translations_file",
-    "workdir", "split", "input_file", "reference_file"} (absolute paths, None where not
-    given) plus, with references, "bleu", "signature", "chrf", "chrf_signature".
+    {"step", "checkpoint", "beam_size", "alpha", "max_decode_len", "num_sentences",
+    "translations_file", "workdir", "split", "input_file", "reference_file"} (absolute paths,
+    None where not given) plus, with references, "bleu", "signature", "chrf", "chrf_signature".
 
   Raises:
     FileNotFoundError: missing workdir, config.json, checkpoint or input file.

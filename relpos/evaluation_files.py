@@ -63,7 +63,9 @@ SOURCES_SUFFIX = ".sources.txt"
 # The fields of an evaluation's results that say what was evaluated: an output of the same
 # name whose JSON differs in one of them (or that has none) is another evaluation.
 IDENTITY_FIELDS = ("workdir", "checkpoint", "step", "split", "input_file", "reference_file",
-                   "beam_size", "alpha")
+                   "beam_size", "alpha", "max_decode_len")
+# The value of an identity field that a JSON written before the field existed lacks.
+IDENTITY_ABSENT = {"max_decode_len": 0}
 
 
 def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
@@ -72,7 +74,8 @@ def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
     saved = json_files.read_json(json_path)
   except (OSError, ValueError):
     return False
-  return isinstance(saved, dict) and all(saved.get(k) == v for k, v in identity.items())
+  return isinstance(saved, dict) and all(
+      saved.get(k, IDENTITY_ABSENT.get(k)) == v for k, v in identity.items())
 
 
 def output_stem(output_dir: str, name: str, identity: dict[str, Any]) -> str:
@@ -122,7 +125,8 @@ def write_evaluation(output_dir: str, workdir: str, config: run_config.RunConfig
       "workdir": os.path.abspath(workdir), "checkpoint": str(checkpoint), "step": step,
       "split": split, "input_file": input_file and os.path.abspath(input_file),
       "reference_file": reference_file and os.path.abspath(reference_file),
-      "beam_size": config.decode.beam_size, "alpha": config.decode.alpha
+      "beam_size": config.decode.beam_size, "alpha": config.decode.alpha,
+      "max_decode_len": config.decode.get("max_decode_len", 0)
   }
   what = split if split is not None else "input-" + os.path.basename(input_file)
   stem = output_stem(

@@ -3,6 +3,7 @@
 
 import json
 import os
+import pathlib
 
 import ml_collections
 
@@ -17,8 +18,29 @@ def test_output_names_say_what_was_evaluated():
   assert name("input-test", "best", 6, 4, 0.6) == "input-test.best.step6.beam4.alpha0.6"
 
 
-def _config(beam_size=4, alpha=0.6):
-  return ml_collections.ConfigDict({"decode": {"beam_size": beam_size, "alpha": alpha}})
+def _config(beam_size=4, alpha=0.6, max_decode_len=0):
+  return ml_collections.ConfigDict(
+      {"decode": {"beam_size": beam_size, "alpha": alpha, "max_decode_len": max_decode_len}})
+
+
+def test_another_decoding_limit_is_another_evaluation(tmp_path):
+  """Outputs are replaced only by the same evaluation: the same name decoded with another
+  decode.max_decode_len goes beside them; a JSON written before the field counts as its
+  default."""
+  out = tmp_path / "eval"
+  first = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x"],
+                                            {"bleu": 1.0}, split="test")
+  assert first["max_decode_len"] == 0
+  other = evaluation_files.write_evaluation(str(out), "w", _config(max_decode_len=5), "best", 7,
+                                            ["y"], {"bleu": 2.0}, split="test")
+  stem = str(out / "test.best.step7.beam4.alpha0.6")
+  assert other["translations_file"] == stem + ".2.txt"
+  old = json.loads(pathlib.Path(stem + ".json").read_text())
+  del old["max_decode_len"]
+  pathlib.Path(stem + ".json").write_text(json.dumps(old))
+  again = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x"],
+                                            {"bleu": 1.0}, split="test")
+  assert again["translations_file"] == stem + ".txt"
 
 
 def test_sources_are_written_line_by_line_beside_the_translations(tmp_path, caplog):
