@@ -3,6 +3,7 @@ the runs of a table it pairs, and its section of table.md."""
 
 import json
 import os
+import pathlib
 import random
 import re
 import subprocess
@@ -149,3 +150,20 @@ def test_references_that_cannot_be_read_leave_the_runs_without_a_pair(tmp_path, 
 def _table_fields() -> dict:
   """What render_table reads of a run besides the pairing (a finished run's minimum)."""
   return {"commit": "abc1234", "wall_time_s": 10.0, "steps_per_second": 1.0, "k": None}
+
+
+def test_the_translations_are_those_of_the_evaluation_the_run_recorded(tmp_path):
+  """Where the output name held another evaluation (a folder moved, then evaluated again), the
+  run's went to `<name>.2`: its JSON says which; with JSONs there and none of the run's score,
+  none is taken; without any (published translations come back alone), the plain name."""
+  run = _run(tmp_path, "abs", 0, None)
+  eval_dir = tmp_path / "w" / "eval"
+  eval_dir.mkdir(parents=True)
+  stem = str(eval_dir / evaluation_files.output_name("test", "best", 10, 4, 0.6))
+  assert paired.translations_file(run, str(tmp_path / "w"), "test") == stem + ".txt"
+  pathlib.Path(stem + ".json").write_text(json.dumps({"step": 10, "bleu": 7.5}))
+  assert paired.translations_file(run, str(tmp_path / "w"), "test") is None
+  pathlib.Path(stem + ".2.json").write_text(json.dumps({"step": 10, "bleu": 1.0}))
+  assert paired.translations_file(run, str(tmp_path / "w"), "test") == stem + ".2.txt"
+  pathlib.Path(stem + ".json").write_text(json.dumps({"step": 10, "bleu": 1.0}))
+  assert paired.translations_file(run, str(tmp_path / "w"), "test") == stem + ".txt"

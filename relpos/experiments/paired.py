@@ -13,6 +13,8 @@ published table). `annotate` adds to each run of `results.json` that has a basel
                                "p_value", "signature"}}
 """
 
+import itertools
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +25,7 @@ from sacrebleu.metrics import BLEU
 
 from relpos import evaluate
 from relpos import evaluation_files
+from relpos import json_files
 from relpos import run_config
 from relpos import workdir_files
 from relpos.data import pipeline
@@ -63,14 +66,36 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
   } for other, system in zip(others, systems)]
 
 
-def translations_file(run: dict[str, Any], workdir: str, split: str) -> str:
+def _records_score(json_path: str, scored: dict[str, Any]) -> bool | None:
+  """Whether the evaluation JSON at `json_path` holds the step and BLEU of `scored`; None when
+  there is no readable JSON (published translations come back without theirs)."""
+  try:
+    saved = json_files.read_json(json_path)
+  except (OSError, ValueError):
+    return None
+  return (isinstance(saved, dict) and saved.get("step") == scored["step"] and
+          isinstance(saved.get("bleu"), float) and math.isclose(saved["bleu"], scored["bleu"]))
+
+
+def translations_file(run: dict[str, Any], workdir: str, split: str) -> str | None:
   """The path of `run`'s translations of `split` by the checkpoint its scores are of, in the
-  eval/ folder of its `workdir` (`evaluation_files.output_name`)."""
-  decode = run["config"]["decode"]
-  name = evaluation_files.output_name(split, decode.get("checkpoint",
-                                                        "best"), run["scores"][split]["step"],
+  eval/ folder of its `workdir`: the output name (`evaluation_files.output_name`), or where that
+  holds another evaluation, the `<name>.<n>` the run's evaluation went to instead
+  (`evaluation_files.output_stem`): the one whose JSON records the run's step and BLEU. The plain
+  name without a JSON beside it; None when JSONs are there and none records the run's score."""
+  decode, scored = run["config"]["decode"], run["scores"][split]
+  name = evaluation_files.output_name(split, decode.get("checkpoint", "best"), scored["step"],
                                       decode["beam_size"], decode["alpha"])
-  return os.path.join(workdir, workdir_files.EVAL_DIR, name + ".txt")
+  stem = os.path.join(workdir, workdir_files.EVAL_DIR, name)
+  if _records_score(stem + ".json", scored) is not False:
+    return stem + ".txt"
+  for n in itertools.count(2):
+    found = _records_score(f"{stem}.{n}.json", scored)
+    if found is None:
+      return None
+    if found:
+      return f"{stem}.{n}.txt"
+  return None
 
 
 def _references(run: dict[str, Any], split: str) -> list[str]:
@@ -86,7 +111,7 @@ def compare(run: dict[str, Any], partner: dict[str, Any], workdirs: Sequence[str
   where either's translations are missing or hold another number of sentences than the split,
   or the split's references cannot be read (with a warning)."""
   paths = [translations_file(r, w, split) for r, w in zip((run, partner), workdirs, strict=True)]
-  if not all(os.path.exists(path) for path in paths):
+  if not all(path and os.path.exists(path) for path in paths):
     return None
   try:
     references = _references(run, split)
