@@ -8,6 +8,7 @@ files read like an uninterrupted run's.
 import json
 import math
 import os
+import platform
 import socket
 import statistics
 import time
@@ -139,20 +140,46 @@ def machine_load(records: list[dict[str, Any]], starts: list[dict[str, Any]]) ->
   }
 
 
+# The vector instruction sets of x86 CPUs that XLA's CPU code generation chooses between: two
+# hosts that differ in them can run the same program to results that differ in the last bits,
+# which training amplifies (docs/results.md, the quick start across commits).
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """The host's CPU: its model name and which of CPU_FEATURES it has, e.g. "AMD EPYC (avx2, fma,
+  avx512f, avx512_bf16)"; platform.machine() where `cpuinfo` cannot be read."""
+  try:
+    with open(cpuinfo, encoding="utf-8") as f:
+      text = f.read()
+  except OSError:
+    return platform.machine()
+  fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+  fields = {key.strip(): value.strip() for key, value in fields.items()}
+  flags = set(fields.get("flags", "").split())
+  model = fields.get("model name", platform.machine())
+  features = [feature for feature in CPU_FEATURES if feature in flags]
+  return f"{model} ({', '.join(features)})" if features else model
+
+
+# A changed config field: (field, value before, value now).
+ConfigChange = tuple[str, Any, Any]
+
+
 def record_start(
     workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None, *,
-    tokenizer_sha256: str | None = None, config_changes: Sequence[tuple[str, Any,
-                                                                        Any]] = ()) -> None:
+    tokenizer_sha256: str | None = None, config_changes: Sequence[ConfigChange] = ()) -> None:
   """Appends a start of the run (UTC time, the step it starts from, the source commit, the
-  host and its usable CPU cores, the code of a position variant of the user's own:
-  `user_modules.variant_code`, the SHA-256 of the tokenizer it trains with, and the config
-  fields changed since the last start as {"field", "before", "after"}:
-  `config_changes.check_resume`) to `workdir/starts.jsonl` (process 0)."""
+  host, its usable CPU cores, its CPU (`host_cpu`) and device kind, the code of a position
+  variant of the user's own: `user_modules.variant_code`, the SHA-256 of the tokenizer it
+  trains with, and the config fields changed since the last start as {"field", "before",
+  "after"}: `config_changes.check_resume`) to `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
       "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "step": step,
-      "commit": commit, "host": socket.gethostname(), "cpus": usable_cpus()
+      "commit": commit, "host": socket.gethostname(), "cpus": usable_cpus(), "host_cpu": host_cpu(),
+      "device_kind": jax.devices()[0].device_kind
   }
   if variant_code is not None:
     record["variant_code"] = variant_code

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from relpos import metrics_writer
 from relpos.experiments import results
 
 
@@ -37,16 +38,8 @@ def test_a_result_of_the_wrong_shape_is_left_out_of_the_table_naming_it(
     results.read_result(str(path))
 
 
-def test_host_cpu_names_the_model_and_the_vector_instruction_sets(tmp_path, monkeypatch):
-  cpuinfo = tmp_path / "cpuinfo"
-  cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654\nflags\t\t: fpu sse2 avx2 fma "
-                     "avx512f avx512_bf16\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9654\n")
-  assert results.host_cpu(str(cpuinfo)) == "AMD EPYC 9654 (avx2, fma, avx512f, avx512_bf16)"
-  cpuinfo.write_text("processor\t: 0\nmodel name\t: Neoverse-V2\nflags\t\t: fp asimd sve2\n")
-  assert results.host_cpu(str(cpuinfo)) == "Neoverse-V2"
-  monkeypatch.setattr(results.platform, "machine", lambda: "arm64")
-  assert results.host_cpu(str(tmp_path / "none")) == "arm64"  # no /proc/cpuinfo (macOS)
-  assert results.environment()["host_cpu"] == results.host_cpu()
+def test_the_environment_names_the_host_cpu():
+  assert results.environment()["host_cpu"] == metrics_writer.host_cpu()
 
 
 @pytest.mark.parametrize("content, message", [

@@ -53,6 +53,28 @@ def test_runs_timed_on_other_machines_are_not_compared():
   assert timing.caveat(intel, [amd, twin, intel]) == "timed on another machine than most runs"
 
 
+def test_the_machines_a_run_trained_on_are_its_starts():
+  """Each start records its machine: a run resumed on another machine was timed on both (its
+  environment names only the machine of its final evaluation)."""
+  amd, intel = ("cpu", "AMD EPYC (avx2)"), ("cpu", "Intel Xeon (avx2)")
+
+  def started_on(run, *machines):
+    run["starts"] = [{
+        "started_at": f"2026-11-2{i}T00:00:00Z", "step": 100 * i, "commit": "abc1234", "cpus": 2,
+        "device_kind": kind, "host_cpu": cpu
+    } for i, (kind, cpu) in enumerate(machines)]
+    run["environment"] = {"device_kind": "cpu", "host_cpu": machines[-1][1]}
+    return run
+
+  moved = started_on(_run("abs", 0), amd, intel)
+  twin, other = started_on(_run("abs", 1), amd), started_on(_run("abs", 2), amd)
+  assert timing.caveat(moved, [moved, twin, other]) == "timed on several machines"
+  assert timing.caveat(twin, [moved, twin, other]) is None  # most runs: one machine, the same
+  evaluated_elsewhere = started_on(_run("rel_kv", 0), amd)
+  evaluated_elsewhere["environment"]["host_cpu"] = intel[1]  # trained on amd, scored on intel
+  assert timing.caveat(evaluated_elsewhere, [evaluated_elsewhere, twin, other]) is None
+
+
 def test_describe_load():
   assert timing.describe_load(_run("abs", 0)) == "1.5 / 2 cores"
   assert timing.describe_load(_run("abs", 0, load=LOADED)) == "3.4 / 2 cores, loaded 31%"

@@ -64,9 +64,11 @@ def test_a_tokenizer_other_than_the_recorded_one_is_refused(tmp_path):
       f"trained with, or train in a new --workdir.")
 
 
-def test_starts_record_the_usable_cores_and_train_records_the_load(tmp_path):
+def test_starts_record_the_machine_and_train_records_the_load(tmp_path):
   metrics_writer.record_start(str(tmp_path), 0, "abc1234")
-  assert metrics_writer.read_starts(str(tmp_path))[0]["cpus"] == metrics_writer.usable_cpus() >= 1
+  start = metrics_writer.read_starts(str(tmp_path))[0]
+  assert start["cpus"] == metrics_writer.usable_cpus() >= 1
+  assert (start["host_cpu"], start["device_kind"]) == (metrics_writer.host_cpu(), "cpu")
   load = metrics_writer.load_average()
   assert load is None or load >= 0.0
 
@@ -154,3 +156,14 @@ def test_a_start_killed_while_dropping_records_keeps_the_history(tmp_path, monke
     metrics_writer.MetricsWriter(str(tmp_path), resume_step=2)
   assert (tmp_path / "metrics.jsonl").read_text() == before
   assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "tensorboard"]
+
+
+def test_host_cpu_names_the_model_and_the_vector_instruction_sets(tmp_path, monkeypatch):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9654\nflags\t\t: fpu sse2 avx2 fma "
+                     "avx512f avx512_bf16\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9654\n")
+  assert metrics_writer.host_cpu(str(cpuinfo)) == "AMD EPYC 9654 (avx2, fma, avx512f, avx512_bf16)"
+  cpuinfo.write_text("processor\t: 0\nmodel name\t: Neoverse-V2\nflags\t\t: fp asimd sve2\n")
+  assert metrics_writer.host_cpu(str(cpuinfo)) == "Neoverse-V2"
+  monkeypatch.setattr(metrics_writer.platform, "machine", lambda: "arm64")
+  assert metrics_writer.host_cpu(str(tmp_path / "none")) == "arm64"  # no /proc/cpuinfo (macOS)

@@ -9,7 +9,6 @@ written before that record it as an absolute path. `workdir_of` reads either.
 import datetime
 import os
 import shutil
-import platform
 from typing import Any
 
 import flax
@@ -17,6 +16,7 @@ import jax
 from absl import logging
 
 from relpos import json_files
+from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments import paired
 from relpos.experiments import plots
@@ -31,35 +31,15 @@ RUNS_DIR = "runs"
 # A run trained again with --retrain_changed is first renamed <workdir><REPLACED_MARK><time>.
 REPLACED_MARK = ".replaced-"
 
-# The vector instruction sets of x86 CPUs that XLA's CPU code generation chooses between: two
-# hosts that differ in them can run the same program to results that differ in the last bits,
-# which training amplifies (docs/results.md, the quick start across commits).
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
-
-
-def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
-  """The host's CPU: its model name and which of CPU_FEATURES it has, e.g. "AMD EPYC (avx2, fma,
-  avx512f, avx512_bf16)"; platform.machine() where `cpuinfo` cannot be read."""
-  try:
-    with open(cpuinfo, encoding="utf-8") as f:
-      text = f.read()
-  except OSError:
-    return platform.machine()
-  fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-  fields = {key.strip(): value.strip() for key, value in fields.items()}
-  flags = set(fields.get("flags", "").split())
-  model = fields.get("model name", platform.machine())
-  features = [feature for feature in CPU_FEATURES if feature in flags]
-  return f"{model} ({', '.join(features)})" if features else model
-
 
 def environment() -> dict[str, Any]:
   """The software and devices results are made with: jax and flax versions, device kind
-  (e.g. "cpu", "NVIDIA H200") and count, and the host's CPU (`host_cpu`)."""
+  (e.g. "cpu", "NVIDIA H200") and count, and the host's CPU (`metrics_writer.host_cpu`)."""
   devices = jax.devices()
   return {
       "jax_version": jax.__version__, "flax_version": flax.__version__,
-      "device_kind": devices[0].device_kind, "device_count": len(devices), "host_cpu": host_cpu()
+      "device_kind": devices[0].device_kind, "device_count": len(devices),
+      "host_cpu": metrics_writer.host_cpu()
   }
 
 

@@ -34,9 +34,11 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
   "load not recorded" (runs made before relpos recorded it, or more than LOADED_SHARE_LIMIT
   of the timed steps without it), "machine loaded" (more than LOADED_SHARE_LIMIT of its timed
   steps on a machine with more runnable threads than cores + 1), "trained beside other runs"
-  (another run of `runs` trained at the same time) or "timed on another machine than most
-  runs" (runs of `runs` record more than one device or host CPU, a table restored from one
-  machine and continued on another, and this run's is not the one most of them record)."""
+  (another run of `runs` trained at the same time), "timed on several machines" (its starts
+  record more than one device or host CPU: a run stopped on one machine and resumed on
+  another) or "timed on another machine than most runs" (runs of `runs` record more than one,
+  a table restored from one machine and continued on another, and this run's is not the one
+  most of them record)."""
   load = run.get("machine_load") or {}
   unrecorded, loaded = load.get("unrecorded_share"), load.get("loaded_share")
   if unrecorded is None or unrecorded > LOADED_SHARE_LIMIT:
@@ -45,27 +47,35 @@ def caveat(run: dict, runs: list[dict]) -> str | None:
     return "machine loaded"
   if any(other is not run and _overlaps(run, other) for other in runs):
     return "trained beside other runs"
-  machine = _machine(run)
-  if machine and machine != _most_common_machine(runs):
+  machines = _machines(run)
+  if len(machines) > 1:
+    return "timed on several machines"
+  if machines and machines != {_most_common_machine(runs)}:
     return "timed on another machine than most runs"
   return None
 
 
 def _most_common_machine(runs: list[dict]) -> tuple[str, str] | None:
-  """The machine (`_machine`) most runs record; None where no run records one, or where two
-  machines are recorded equally often (no run's timing is then the table's)."""
-  counts = collections.Counter(m for m in map(_machine, runs) if m is not None).most_common(2)
+  """The machine most runs trained on alone (`_machines`); None where no run records one, or
+  where two machines are recorded equally often (no run's timing is then the table's)."""
+  counts = collections.Counter(
+      next(iter(m)) for m in map(_machines, runs) if len(m) == 1).most_common(2)
   if not counts or (len(counts) == 2 and counts[0][1] == counts[1][1]):
     return None
   return counts[0][0]
 
 
-def _machine(run: dict) -> tuple[str, str] | None:
-  """The run's device kind and host CPU (`results.environment`), None where unrecorded."""
+def _machines(run: dict) -> set[tuple[str, str]]:
+  """The (device kind, host CPU) pairs the run trained on: its starts' (recorded from 28
+  November 2026); before, its `environment`'s, the machine of its final evaluation; empty where
+  unrecorded."""
+  starts = [s for s in run.get("starts", []) if s.get("host_cpu")]
+  if starts:
+    return {(s.get("device_kind"), s["host_cpu"]) for s in starts}
   environment = run.get("environment", {})
   if not environment.get("host_cpu"):
-    return None
-  return environment.get("device_kind"), environment["host_cpu"]
+    return set()
+  return {(environment.get("device_kind"), environment["host_cpu"])}
 
 
 def describe_load(run: dict) -> str:
