@@ -80,7 +80,7 @@ _FIXED_ON_RESUME = {
     fields.SELECTION: ("the best checkpoint and early stopping would rank validation BLEU "
                        "against validation loss"),
     fields.DATA: ("the data position saved with the checkpoints would mean another place in the "
-                  "data (another order or another set of examples)"),
+                  "data"),
     VALIDATION_MEASURE: ("the best checkpoint and early stopping would rank validations measured "
                          "two ways"),
     OPTIMIZER_FORM: ("the optimizer would gain or lose a transform, and the optimizer state "

@@ -8,8 +8,9 @@ output folder, or a free variant of it when that folder holds another evaluation
 (`output_stem`): an output is replaced only by the same evaluation run again.
 """
 
+import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -64,8 +65,6 @@ SOURCES_SUFFIX = ".sources.txt"
 # name whose JSON differs in one of them (or that has none) is another evaluation.
 IDENTITY_FIELDS = ("workdir", "checkpoint", "step", "split", "input_file", "reference_file",
                    "beam_size", "alpha", "max_decode_len")
-# The value of an identity field that a JSON written before the field existed lacks.
-IDENTITY_ABSENT = {"max_decode_len": 0}
 
 
 def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
@@ -74,21 +73,26 @@ def _same_evaluation(json_path: str, identity: dict[str, Any]) -> bool:
     saved = json_files.read_json(json_path)
   except (OSError, ValueError):
     return False
-  return isinstance(saved, dict) and all(
-      saved.get(k, IDENTITY_ABSENT.get(k)) == v for k, v in identity.items())
+  return isinstance(saved, dict) and all(k in saved and saved[k] == v for k, v in identity.items())
+
+
+def taken_stems(stem: str) -> Iterator[str]:
+  """`stem`, `stem.2`, `stem.3`, ... while outputs are written under them: the names an
+  evaluation named `stem` went to (`output_stem` takes the first that is free or its own)."""
+  for candidate in itertools.chain([stem], (f"{stem}.{n}" for n in itertools.count(2))):
+    if not any(os.path.exists(candidate + ext) for ext in (".txt", ".json", SOURCES_SUFFIX)):
+      return
+    yield candidate
 
 
 def output_stem(output_dir: str, name: str, identity: dict[str, Any]) -> str:
   """The path (without .txt / .json) the outputs of an evaluation go to: `output_dir/name`,
   or, when that holds another evaluation's outputs, the first free `output_dir/name.<n>` (n >= 2),
   with a warning: an output is replaced only by the same evaluation run again."""
-  stem, n = os.path.join(output_dir, name), 1
-  while True:
-    candidate = stem if n == 1 else f"{stem}.{n}"
-    taken = any(os.path.exists(candidate + ext) for ext in (".txt", ".json", SOURCES_SUFFIX))
-    if not taken or _same_evaluation(candidate + ".json", identity):
-      break
-    n += 1
+  stem = os.path.join(output_dir, name)
+  taken = list(taken_stems(stem))
+  candidate = next((c for c in taken if _same_evaluation(c + ".json", identity)),
+                   f"{stem}.{len(taken) + 1}" if taken else stem)
   if candidate != stem:
     logging.warning("%s.json holds another evaluation; writing %s.json and .txt instead.", stem,
                     candidate)

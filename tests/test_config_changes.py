@@ -109,8 +109,7 @@ def test_a_change_of_the_data_position_meaning_stops_a_resume(tmp_path, packing,
       ValueError, match=re.escape(
           f"config field {field}={value!r} differs from the {before!r} that the checkpoints in "
           f"{workdir} were trained with ({workdir}/config.json): the data position saved with the "
-          "checkpoints would mean another place in the data (another order or another set of "
-          "examples).")):
+          "checkpoints would mean another place in the data.")):
     config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
 
 

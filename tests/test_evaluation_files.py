@@ -25,22 +25,26 @@ def _config(beam_size=4, alpha=0.6, max_decode_len=0):
 
 def test_another_decoding_limit_is_another_evaluation(tmp_path):
   """Outputs are replaced only by the same evaluation: the same name decoded with another
-  decode.max_decode_len goes beside them; a JSON written before the field counts as its
-  default."""
+  decode.max_decode_len goes beside them, and so does anything beside a JSON written before the
+  limit was recorded (its limit unknown: kept, never overwritten)."""
   out = tmp_path / "eval"
   first = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x"],
                                             {"bleu": 1.0}, split="test")
   assert first["max_decode_len"] == 0
+  stem = str(out / "test.best.step7.beam4.alpha0.6")
+  again = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x"],
+                                            {"bleu": 1.0}, split="test")
+  assert again["translations_file"] == stem + ".txt"  # the same evaluation: replaced
   other = evaluation_files.write_evaluation(str(out), "w", _config(max_decode_len=5), "best", 7,
                                             ["y"], {"bleu": 2.0}, split="test")
-  stem = str(out / "test.best.step7.beam4.alpha0.6")
   assert other["translations_file"] == stem + ".2.txt"
   old = json.loads(pathlib.Path(stem + ".json").read_text())
   del old["max_decode_len"]
   pathlib.Path(stem + ".json").write_text(json.dumps(old))
-  again = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["x"],
-                                            {"bleu": 1.0}, split="test")
-  assert again["translations_file"] == stem + ".txt"
+  beside = evaluation_files.write_evaluation(str(out), "w", _config(), "best", 7, ["z"],
+                                             {"bleu": 3.0}, split="test")
+  assert beside["translations_file"] == stem + ".3.txt"
+  assert pathlib.Path(stem + ".txt").read_text() == "x\n"
 
 
 def test_sources_are_written_line_by_line_beside_the_translations(tmp_path, caplog):

@@ -13,7 +13,6 @@ published table). `annotate` adds to each run of `results.json` that has a basel
                                "p_value", "signature"}}
 """
 
-import itertools
 import math
 import os
 from collections.abc import Sequence
@@ -66,15 +65,15 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
   } for other, system in zip(others, systems)]
 
 
-def _records_score(json_path: str, scored: dict[str, Any]) -> bool | None:
-  """Whether the evaluation JSON at `json_path` holds the step and BLEU of `scored`; None when
-  there is no readable JSON (published translations come back without theirs)."""
+def _records_score(json_path: str, scored: dict[str, Any]) -> bool:
+  """Whether the evaluation JSON at `json_path` holds the step and BLEU of `scored`."""
   try:
     saved = json_files.read_json(json_path)
   except (OSError, ValueError):
-    return None
+    return False
   return (isinstance(saved, dict) and saved.get("step") == scored["step"] and
-          isinstance(saved.get("bleu"), float) and math.isclose(saved["bleu"], scored["bleu"]))
+          isinstance(saved.get("bleu"), (int, float)) and not isinstance(saved["bleu"], bool) and
+          math.isclose(saved["bleu"], scored["bleu"]))
 
 
 def translations_file(run: dict[str, Any], workdir: str, split: str) -> str | None:
@@ -82,20 +81,15 @@ def translations_file(run: dict[str, Any], workdir: str, split: str) -> str | No
   eval/ folder of its `workdir`: the output name (`evaluation_files.output_name`), or where that
   holds another evaluation, the `<name>.<n>` the run's evaluation went to instead
   (`evaluation_files.output_stem`): the one whose JSON records the run's step and BLEU. The plain
-  name without a JSON beside it; None when JSONs are there and none records the run's score."""
+  name where it has no JSON (published translations come back without theirs); else None."""
   decode, scored = run["config"]["decode"], run["scores"][split]
   name = evaluation_files.output_name(split, decode.get("checkpoint", "best"), scored["step"],
                                       decode["beam_size"], decode["alpha"])
   stem = os.path.join(workdir, workdir_files.EVAL_DIR, name)
-  if _records_score(stem + ".json", scored) is not False:
-    return stem + ".txt"
-  for n in itertools.count(2):
-    found = _records_score(f"{stem}.{n}.json", scored)
-    if found is None:
-      return None
-    if found:
-      return f"{stem}.{n}.txt"
-  return None
+  for candidate in evaluation_files.taken_stems(stem):
+    if _records_score(candidate + ".json", scored):
+      return candidate + ".txt"
+  return None if os.path.exists(stem + ".json") else stem + ".txt"
 
 
 def _references(run: dict[str, Any], split: str) -> list[str]:
