@@ -121,8 +121,9 @@ def check_resume(config: run_config.RunConfig, workdir: str, *,
 
   Raises:
     ValueError: (`resuming`) a field that would change the tokenizer or the model under the
-      checkpoints' parameters, the ranking of checkpoints, or the meaning of the saved data
-      position changed, naming it, both values, the file and what to do; or
+      checkpoints' parameters, the ranking of checkpoints or how validations are measured, the
+      optimizer state's form, or the meaning of the saved data position changed, naming it,
+      both values, the file and what to do; or
       the file is not a valid config (named).
   """
   path = os.path.join(workdir, workdir_files.CONFIG_FILE)

@@ -15,6 +15,17 @@ import jax
 from jax.experimental import multihost_utils
 
 
+def _preemption_service() -> bool:
+  """Whether JAX's preemption sync manager runs in this process (it installs the SIGTERM
+  notifier; `jax.distributed.initialize` starts it unless the service is disabled)."""
+  try:
+    from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return getattr(getattr(distributed, "global_state", None), "preemption_sync_manager",
+                 None) is not None
+
+
 class Preemption:
   """SIGTERM or SIGINT (or, on several processes, JAX's preemption sync point) -> save and stop.
 
@@ -57,10 +68,14 @@ class Preemption:
 
   def _handled(self) -> tuple[signal.Signals, ...]:
     """The signals this handler takes: none off the main thread (Python allows none there);
-    SIGINT alone on several processes (SIGTERM is JAX's)."""
+    SIGINT alone on several processes (SIGTERM is JAX's), and none there without JAX's
+    preemption service (`jax_enable_preemption_service` off: no notifier would take the
+    SIGTERM, whose default would end the process unsaved)."""
     if threading.current_thread() is not threading.main_thread():
       return ()
     if self.several_processes:
+      if not _preemption_service():
+        return ()
       return tuple(s for s in self._signals if s == signal.SIGINT)
     return self._signals
 

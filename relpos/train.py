@@ -78,8 +78,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
   Raises:
     KeyboardInterrupt: after saving, on SIGINT.
     ValueError: an invalid config field (or a position variant of the user's own that fails a
-      trial: `variant_trial.check_variant`), a workdir that is a file, checkpoints of another
-      architecture or tokenizer (`config_changes.check_resume`) in `workdir`, or written by
+      trial: `variant_trial.check_variant`), a workdir that is a file, a resume with a field
+      its checkpoints cannot take (another architecture, tokenizer, checkpoint ranking,
+      optimizer form or data order: `config_changes.check_resume`), or checkpoints written by
       another number of processes.
     checkpoint_damage.DamagedCheckpointError: every checkpoint in `workdir` is damaged.
     locks.WorkdirInUseError: another process trains in `workdir`.
@@ -322,6 +323,9 @@ def check_interrupted(preemption: Preemption, runs: list[Run]) -> None:
   the step JAX's sync point names: one that named no step before the last goes unheeded, as
   every process goes on to the final evaluation together."""
   if preemption.several_processes and not any(r.result.get("preempted") for r in runs):
+    if preemption.signal == "SIGINT":
+      logging.warning("SIGINT came too late for a step before the last: every process goes on "
+                      "to the final evaluation.")
     return
   if preemption.signal == "SIGTERM":
     for run in runs:

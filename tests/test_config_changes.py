@@ -142,6 +142,8 @@ def test_the_checkpoint_interval_changes_a_result_only_where_checkpoints_are_ave
      "measured two ways"),
     ("decode.alpha", 1.0, "the best checkpoint and early stopping would rank validations "
      "measured two ways"),
+    ("decode.max_decode_len", 20, "the best checkpoint and early stopping would rank "
+     "validations measured two ways"),
     ("task.synthetic.num_validation", 32, "the best checkpoint and early stopping would rank "
      "validations measured two ways"),
     ("train.grad_clip_norm", 1.0, "the optimizer would gain or lose a transform, and the "
@@ -161,6 +163,17 @@ def test_what_checkpoints_are_ranked_by_or_the_optimizer_form_stops_a_resume(
       ValueError, match=re.escape(f"config field {field}={value!r} differs from the "
                                   f"{before!r} that the checkpoints in {workdir} were "
                                   f"trained with ({workdir}/config.json): {why}. Resume")):
+    config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
+
+
+def test_weight_decay_turned_off_stops_a_resume(tmp_path):
+  workdir, _ = _saved_run(tmp_path, lambda saved: saved["train"].update(weight_decay=0.01))
+  config = tiny.get_config()
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "config field train.weight_decay=0.0 differs from the 0.01 that the checkpoints in "
+          f"{workdir} were trained with ({workdir}/config.json): the optimizer would gain or "
+          "lose a transform")):
     config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
 
 

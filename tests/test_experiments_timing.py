@@ -73,6 +73,19 @@ def test_the_machines_a_run_trained_on_are_its_starts():
   evaluated_elsewhere = started_on(_run("rel_kv", 0), amd)
   evaluated_elsewhere["environment"]["host_cpu"] = intel[1]  # trained on amd, scored on intel
   assert timing.caveat(evaluated_elsewhere, [evaluated_elsewhere, twin, other]) is None
+  # A start at the last trained step (to evaluate) trains nothing: not a machine it was timed on.
+  scored_elsewhere = started_on(_run("rel_kv", 1), amd, intel)
+  scored_elsewhere["validation_curve"] = [[50, 1.0], [100, 2.0]]
+  assert timing.caveat(scored_elsewhere, [scored_elsewhere, twin, other]) is None
+  # A start written before starts recorded machines: that of a later start on its host, else
+  # unknown (another machine).
+  resumed = started_on(_run("rel_v", 0), amd, amd)
+  resumed["starts"][0] = {**resumed["starts"][0], "host": "a"}
+  resumed["starts"][1]["host"] = "a"
+  del resumed["starts"][0]["host_cpu"], resumed["starts"][0]["device_kind"]
+  assert timing.caveat(resumed, [resumed, twin, other]) is None
+  resumed["starts"][0]["host"] = "b"
+  assert timing.caveat(resumed, [resumed, twin, other]) == "timed on several machines"
 
 
 def test_describe_load():

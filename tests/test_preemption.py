@@ -39,6 +39,7 @@ def test_on_several_processes_sigint_becomes_jax_s_sigterm(monkeypatch):
   """JAX's preemption notifier owns SIGTERM there (here a recorder stands in for it): SIGINT is
   recorded and raised again as SIGTERM, for the sync point to stop every process at one step."""
   monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(preemption, "_preemption_service", lambda: True)
   monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
                       lambda step: step >= 7)
   notified = []
@@ -53,3 +54,13 @@ def test_on_several_processes_sigint_becomes_jax_s_sigterm(monkeypatch):
       assert stop.reached(7)
   finally:
     signal.signal(signal.SIGTERM, sigterm)
+
+
+def test_without_jax_s_preemption_service_sigint_is_left_alone(monkeypatch):
+  """No notifier would take a SIGTERM (its default ends the process unsaved): Ctrl-C keeps
+  Python's KeyboardInterrupt."""
+  monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
+  assert not preemption._preemption_service()  # pylint: disable=protected-access
+  sigint = signal.getsignal(signal.SIGINT)
+  with preemption.Preemption():
+    assert signal.getsignal(signal.SIGINT) is sigint

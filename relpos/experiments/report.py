@@ -23,10 +23,12 @@ with one run per (table, row, seed), each also holding the "environment" (versio
      (from 26 November 2026: the machine's load while the steps were timed,
      `relpos.metrics_writer.machine_load`),
      "validation_curve": [[step, validation BLEU], ...] (schema 2),
-     "starts": [{"started_at", "step", "commit", "host", "cpus", "variant_code"}, ...],
-     "commits": [...]
+     "starts": [{"started_at", "step", "commit", "host", "cpus", "variant_code",
+     "tokenizer_sha256", "host_cpu", "device_kind", "config_changes"}, ...], "commits": [...]
      (schema 4: every start of the run and the commits it ran under, oldest first; "cpus"
-     and, for a position variant of the user's own, "variant_code" from 26 November 2026),
+     and, for a position variant of the user's own, "variant_code" from 26 November 2026;
+     "host_cpu", "device_kind" and, where fields changed since the last start,
+     "config_changes" [{"field", "before", "after"}] from 28 November 2026),
      "scores": {split: {"bleu": ..., "chrf": ..., "signature": ..., ...,
        "bleu_by_subset": {name: {"num_sentences", "bleu"}}}} (from 26 November 2026, on the
        synthetic task's test splits: `relpos.experiments.diagnostics.bleu_by_subset`),

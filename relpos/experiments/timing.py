@@ -8,6 +8,7 @@ trained at the same time (`--parallel`, `--stack_seeds`) are found.
 """
 import collections
 import datetime
+import math
 
 # A run counts as timed alone unless more than this share of its timed train records saw a
 # loaded machine, or had no load recorded.
@@ -65,17 +66,31 @@ def _most_common_machine(runs: list[dict]) -> tuple[str, str] | None:
   return counts[0][0]
 
 
-def _machines(run: dict) -> set[tuple[str, str]]:
-  """The (device kind, host CPU) pairs the run trained on: its starts' (recorded from 28
-  November 2026); before, its `environment`'s, the machine of its final evaluation; empty where
-  unrecorded."""
-  starts = [s for s in run.get("starts", []) if s.get("host_cpu")]
-  if starts:
-    return {(s.get("device_kind"), s["host_cpu"]) for s in starts}
-  environment = run.get("environment", {})
-  if not environment.get("host_cpu"):
-    return set()
-  return {(environment.get("device_kind"), environment["host_cpu"])}
+def _machines(run: dict) -> set[tuple[str | None, str]]:
+  """The (device kind, host CPU) pairs of the starts that trained steps (a start at the run's
+  last trained step, to evaluate or after an early stop, trained none). Starts record their
+  machine from 28 November 2026; an earlier start takes that of a later one on the same host,
+  else (None, host): unknown, but another machine than the others'. A run whose starts record
+  none: its `environment`'s, the machine of its final evaluation; empty where unrecorded."""
+  starts = run.get("starts", [])
+  if not any(s.get("host_cpu") for s in starts):
+    environment = run.get("environment", {})
+    if not environment.get("host_cpu"):
+      return set()
+    return {(environment.get("device_kind"), environment["host_cpu"])}
+  curve = run.get("validation_curve") or []
+  last = max((step for step, _ in curve),
+             default=run.get("config", {}).get("train", {}).get("num_steps", math.inf))
+  ends = [s["step"] for s in starts[1:]] + [last]  # each start trains up to the next one
+  recorded = [s for s in starts if s.get("host_cpu")]
+  known = {s.get("host"): (s.get("device_kind"), s["host_cpu"]) for s in recorded}
+
+  def machine(start: dict) -> tuple[str | None, str]:
+    if start.get("host_cpu"):
+      return start.get("device_kind"), start["host_cpu"]
+    return known.get(start.get("host"), (None, str(start.get("host"))))
+
+  return {machine(s) for s, end in zip(starts, ends) if s["step"] < end}
 
 
 def describe_load(run: dict) -> str:
