@@ -109,7 +109,7 @@ class Opened(NamedTuple):
   train_iterator: grain.DatasetIterator  # at the position of `state`
   state: train_state.TrainState  # restored from the newest checkpoint, or fresh
   # (field, value before, value now) of the fields changed since the run's last start.
-  config_changes: tuple[tuple[str, Any, Any], ...] = ()
+  config_changes: tuple[metrics_writer.ConfigChange, ...] = ()
 
 
 @contextlib.contextmanager
