@@ -648,3 +648,56 @@ def test_a_published_table_outlives_its_output_folder(finished_table, tmp_path, 
     second_restore = json.load(f)["restored"]
   assert second_restore["from"] == republished
   assert second_restore["earlier"] == [first_restore["abs"]]
+
+
+def test_a_run_lost_in_flight_is_trained_again_and_the_table_says_so(finished_table, tmp_path,
+                                                                     capsys):
+  """The runs in flight published beside the results (as --status and a stopped table write
+  them): after the output folder is lost, --restore_from brings back the finished runs, records
+  the one that was training as lost (trained again from step 0, its published step on record)
+  and table.md names it; published again, the loss comes back with the run."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  runs = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], output_dir)
+  os.remove(runs[1].result)  # rel_kv trained its 4 steps, not yet evaluated: in flight
+  published_dir = str(tmp_path / "published")
+  runner.results.write_outputs(output_dir, published_dir)
+  status.publish_in_flight(published_dir, runs, output_dir)
+  lost = str(tmp_path / "lost")
+  # A look from the machine that lost the folder, before the restart, keeps the run in flight.
+  status.publish_in_flight(published_dir,
+                           runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost),
+                           lost)
+  capsys.readouterr()
+
+  again = str(tmp_path / "again")
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=lost,
+                             rows=["abs", "rel_kv"], overrides=overrides,
+                             restore_from=os.path.join(published_dir,
+                                                       "results.json"), publish_to=again)
+  printed = capsys.readouterr().out
+  assert ("relpos: synthetic-ablation-rel_kv-seed0: its folder is missing; it had reached "
+          "step 4 of 4 (checkpoint 4) as of ") in printed
+  with open(outputs["results"], encoding="utf-8") as f:
+    by_row = {run["row"]: run for run in json.load(f)["runs"]}
+  assert "lost" not in by_row["abs"] and "restored" in by_row["abs"]
+  [loss] = by_row["rel_kv"]["lost"]
+  assert (loss["step"], loss["checkpoint"], loss["num_steps"]) == (4, 4, 4)
+  assert "restored" not in by_row["rel_kv"]  # trained again here, from step 0
+  with open(os.path.join(lost, "runs", "synthetic-ablation-rel_kv-seed0", "metrics.jsonl"),
+            encoding="utf-8") as f:
+    assert json.loads(f.readline())["step"] == 2  # its first record: trained from step 0
+  line = re.search(r"Trained again from step 0 .*\n", outputs["table"]).group()
+  assert line.endswith(f"each having reached: rel_kv seed 0 (step 4 of 4 (checkpoint 4) as of "
+                       f"{loss['as_of'][:16].replace('T', ' ')} UTC).\n")
+  assert status.report("ablation", "synthetic", runs, lost).endswith(
+      "Trained again from step 0 after their folder was lost, each having reached: "
+      f"synthetic-ablation-rel_kv-seed0 (step 4 of 4 (checkpoint 4) as of "
+      f"{loss['as_of'][:16].replace('T', ' ')} UTC).")
+
+  # Lost again, finished: restored from the copy published since, with its loss on record.
+  lost_again = str(tmp_path / "lost2")
+  runner.results.restore_published(os.path.join(again, "results.json"), lost_again,
+                                   table="ablation", task="synthetic")
+  with open(os.path.join(lost_again, "runs", "synthetic-ablation-rel_kv-seed0", "result.json"),
+            encoding="utf-8") as f:
+    assert json.load(f)["lost"] == [loss]

@@ -14,6 +14,7 @@ from relpos import json_files
 from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
+from relpos.experiments import lost_runs
 from relpos.experiments import runner
 from relpos.experiments import single_run
 from relpos.experiments import status
@@ -156,6 +157,23 @@ def test_status_command_prints_the_report_and_a_wrong_row_in_one_line(table):
   assert wrong.stderr.strip().splitlines()[-1].startswith(
       "error: row 'rel_qv' is not in table 'ablation'; allowed: abs, ")
   assert "Traceback" not in wrong.stderr
+
+
+def test_status_with_publish_to_writes_the_runs_in_flight_there(table, tmp_path):
+  output_dir, _ = table
+  published_dir = str(tmp_path / "docs")
+  done = subprocess.run([
+      sys.executable, "-m", "relpos.experiments.run", "--table=ablation", "--task=synthetic",
+      "--rows=abs,rel_kv,none", "--seeds=2", "--order=seeds", f"--output_dir={output_dir}",
+      f"--publish_to={published_dir}", "--status"
+  ], cwd=ROOT, capture_output=True, text=True, check=True)
+  path = os.path.join(published_dir, lost_runs.IN_FLIGHT_FILE)
+  assert done.stdout.endswith(f"Wrote the runs in flight to {path} (commit it with the "
+                              "results).\n")
+  assert json_files.read_json(path)["runs"] == [  # the stopped ones; not the finished abs
+      {"run": "synthetic-ablation-rel_kv-seed0", "step": 6, "checkpoint": 6, "num_steps": 8},
+      {"run": "synthetic-ablation-none-seed0", "step": 4, "checkpoint": 2, "num_steps": 8},
+  ]
 
 
 def test_the_table_of_a_folder_is_read_from_its_run_names(table, tmp_path):

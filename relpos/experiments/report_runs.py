@@ -8,6 +8,7 @@ run's time went, and each run's validation curve. Runs are read as results.json 
 
 import re
 
+from relpos.experiments import lost_runs
 from relpos.experiments import markdown
 from relpos.experiments import tables
 from relpos.experiments import timing
@@ -138,7 +139,7 @@ def _each_run_lines(table_runs: list[dict], table: str) -> list[str]:
   cell_rows = [[run["row"], str(run["seed"])] + [text(cell(run)) for _, cell in columns] +
                [_finished_at(run), _commits_from_step(run)] for run in table_runs]
   return [f"## {table}: each run", "", *markdown.table(header, cell_rows), ""
-         ] + _restored_lines(table_runs)
+         ] + _restored_lines(table_runs) + _lost_lines(table_runs)
 
 
 def _paired_lines(table_runs: list[dict], table: str) -> list[str]:
@@ -187,6 +188,21 @@ def _restored_lines(table_runs: list[dict]) -> list[str]:
       f"with their checkpoints; these are the results published before): "
       f"{', '.join(names)}.\n" for (source, days), names in by_source.items()
   ]
+
+
+def _lost_lines(table_runs: list[dict]) -> list[str]:
+  """A sentence naming the runs trained again from step 0 after their output folder was lost
+  while they trained (`lost_runs`), with how far each had got, if any."""
+  lost = [
+      f"{run['row']} seed {run['seed']} ({'; '.join(map(lost_runs.describe, run['lost']))})"
+      for run in table_runs
+      if run.get("lost")
+  ]
+  return [
+      f"Trained again from step 0 after their output folder was lost while they trained "
+      f"(`--restore_from` found them in flight in the published in_flight.json; the time "
+      f"columns count the new starts only), each having reached: {', '.join(lost)}.\n"
+  ] if lost else []
 
 
 def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:

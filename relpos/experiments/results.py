@@ -18,6 +18,7 @@ from absl import logging
 from relpos import json_files
 from relpos import metrics_writer
 from relpos import workdir_files
+from relpos.experiments import lost_runs
 from relpos.experiments import paired
 from relpos.experiments import plots
 from relpos.experiments import plots_learned
@@ -110,6 +111,7 @@ def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, A
   translations there (`publish`)."""
   results_path = os.path.join(output_dir, RESULTS_FILE)
   runs = collect(output_dir)
+  lost_runs.attach(runs, output_dir)
   paired.annotate(runs, [workdir_of(run, output_dir) for run in runs])
   json_files.write_json(
       results_path, {
@@ -193,6 +195,20 @@ def read_published(path: str, flag: str, *, table: str, task: str) -> list[dict[
     raise ValueError(f"{flag} {path} holds runs of table {given}, not of table {table} on "
                      f"{task}.")
   return published_runs
+
+
+def check_writable(destination: str) -> None:
+  """Creates `destination` (a `--publish_to` folder) if missing.
+
+  Raises:
+    ValueError: naming it, when it cannot be made or written.
+  """
+  try:
+    os.makedirs(destination, exist_ok=True)
+    if not os.access(destination, os.W_OK):
+      raise PermissionError(f"{destination} is not writable")
+  except OSError as e:
+    raise ValueError(f"--publish_to {destination}: cannot write there ({e}).") from None
 
 
 def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: str) -> None:

@@ -82,7 +82,10 @@ _RESTORE_FROM = flags.DEFINE_string(
 _PUBLISH_TO = flags.DEFINE_string(
     "publish_to", None, "A folder to copy results.json, table.md, the plots and each finished "
     "run's test translations into after every finished run (e.g. docs/results/<table>, to "
-    "commit): what --restore_from reads back if --output_dir is lost.")
+    "commit): what --restore_from reads back if --output_dir is lost. The runs in flight go "
+    "there too (in_flight.json: each one's step and newest checkpoint), when the table stops or "
+    "ends and with --status: after a loss, --restore_from records them as trained again from "
+    "step 0, and table.md says so.")
 _LIST = flags.DEFINE_bool(
     "list", False, "List the tables, their rows, the tasks, and the position variants "
     "(model.position) with their fields, and exit.")
@@ -90,7 +93,8 @@ _STATUS = flags.DEFINE_bool(
     "status", False, "Print where the table in --output_dir stands (whether it runs; each run's "
     "state, step, newest checkpoint, best validation BLEU, test BLEU and training time left) "
     "and exit: the table's own command with --status added, or --output_dir alone (the table, "
-    "task, rows and seeds then read from its runs' names); safe while it runs.")
+    "task, rows and seeds then read from its runs' names); safe while it runs. With --publish_to, "
+    "writes the runs in flight there (in_flight.json).")
 _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
@@ -147,6 +151,9 @@ def main(argv: Sequence[str]) -> None:
       runs = runner.table_runs(asked["table"], asked["task"],
                                runner.table_rows(asked["table"], asked["rows"]),
                                range(asked["seeds"]), _OUTPUT_DIR.value, _ORDER.value)
+      if _PUBLISH_TO.value:
+        written = status.publish_in_flight(_PUBLISH_TO.value, runs, _OUTPUT_DIR.value)
+        note += f"\n\nWrote the runs in flight to {written} (commit it with the results)."
       return status.report(asked["table"], asked["task"], runs, _OUTPUT_DIR.value) + note
 
     print(cli.run(argv, report))
@@ -156,11 +163,18 @@ def main(argv: Sequence[str]) -> None:
     children.free_accelerator_memory()  # before any JAX call
 
   def table() -> dict[str, object]:
-    return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
-                            output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
-                            parallel=_PARALLEL.value, order=_ORDER.value,
-                            retrain_changed=_RETRAIN_CHANGED.value, stack_seeds=_STACK_SEEDS.value,
-                            restore_from=_RESTORE_FROM.value, publish_to=_PUBLISH_TO.value)
+    outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
+                               output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
+                               overrides=overrides(), parallel=_PARALLEL.value, order=_ORDER.value,
+                               retrain_changed=_RETRAIN_CHANGED.value,
+                               stack_seeds=_STACK_SEEDS.value, restore_from=_RESTORE_FROM.value,
+                               publish_to=_PUBLISH_TO.value)
+    if _PUBLISH_TO.value:  # stopped or ended: its runs in flight beside its results
+      runs = runner.table_runs(_TABLE.value, _TASK.value,
+                               runner.table_rows(_TABLE.value, _ROWS.value), range(_SEEDS.value),
+                               _OUTPUT_DIR.value, _ORDER.value)
+      status.publish_in_flight(_PUBLISH_TO.value, runs, _OUTPUT_DIR.value)
+    return outputs
 
   outputs = cli.run(argv, table)  # Ctrl-C: "interrupted: saved step N ...; run ... again"
   print(outputs["table"])

@@ -43,6 +43,7 @@ from relpos import user_modules
 from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.experiments import children
+from relpos.experiments import lost_runs
 from relpos.experiments import markdown
 from relpos.experiments import results
 from relpos.experiments import run_names
@@ -380,7 +381,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     restore_from: a results.json of this table published elsewhere (e.g. under docs/results/):
       its finished runs whose folders `output_dir` lacks are written back as finished
       (`results.restore_published`) before the table goes on; their configs are checked
-      against the request like any finished run's.
+      against the request like any finished run's; then the runs its folder's in_flight.json
+      lists as training whose folders are missing are recorded lost (`lost_runs.record_losses`).
     publish_to: a folder (e.g. docs/results/<table>/) to copy results.json, table.md, the plots
       and the runs' test translations into after each finished run (`results.publish`).
 
@@ -414,12 +416,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     raise ValueError(f"--output_dir {output_dir} exists and is not a folder.")
   os.makedirs(output_dir, exist_ok=True)
   if publish_to:  # a folder it cannot write stops the table before any work, not after a run
-    try:
-      os.makedirs(publish_to, exist_ok=True)
-      if not os.access(publish_to, os.W_OK):
-        raise PermissionError(f"{publish_to} is not writable")
-    except OSError as e:
-      raise ValueError(f"--publish_to {publish_to}: cannot write there ({e}).") from None
+    results.check_writable(publish_to)
   with locks.hold(
       output_dir, lock_file=TABLE_LOCK_FILE, what="output folder",
       busy="another table runs there; wait for it to end (or stop it), or pass "
@@ -430,6 +427,9 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
         print(
             f"relpos: {workdir} restored as finished from {restore_from} (its result and "
             "the test translations published with it, not its checkpoints).", flush=True)
+      runs_dir = os.path.join(output_dir, results.RUNS_DIR)
+      for line in lost_runs.record_losses(os.path.dirname(restore_from), runs_dir, output_dir):
+        print(f"relpos: {line}", flush=True)
     if publish_to:
       results.check_publish_keeps(publish_to, output_dir, table=table, task=task)
     _check_one_task(output_dir, task)

@@ -6,8 +6,9 @@ the time the runs not finished need at the finished runs' median time. A run wri
 published results (`--restore_from`) is "finished (restored)", with no step or checkpoint of its
 own.
 
-Nothing is locked, written or loaded onto a device (`python -m relpos.experiments.run ...
---status`: the table's own command, with --status added):
+Nothing is locked or loaded onto a device, and nothing written but, with --publish_to, the runs
+in flight there (`publish_in_flight`) (`python -m relpos.experiments.run ... --status`: the
+table's own command, with --status added):
 
   Table ablation on multi30k_gpu in /runs/m30k: running (process 10923 on host vm, ...).
   1 of 3 runs finished, 1 running, 1 not started.
@@ -31,6 +32,7 @@ from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments.markdown import duration
+from relpos.experiments import lost_runs
 from relpos.experiments import results
 from relpos.experiments import run_names
 from relpos.experiments import runner
@@ -202,6 +204,35 @@ def _time_left(statuses: Sequence[RunStatus], took: Sequence[float]) -> str:
           f"{duration(median)} a run, less the steps each has trained).")
 
 
+def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: str) -> str:
+  """Writes `lost_runs.IN_FLIGHT_FILE` into `destination` (the table's --publish_to folder): the
+  runs of `runs` begun and not finished, each with its last step and newest checkpoint, so that
+  a restart with --restore_from after the output folder is lost records them as trained again.
+
+  Returns:
+    The file's path.
+  """
+  runs_dir = os.path.join(output_dir, results.RUNS_DIR)
+  return lost_runs.write_in_flight(
+      destination, runs_dir, output_dir,
+      [{"run": s.name, "step": s.step, "checkpoint": s.checkpoint, "num_steps": s.num_steps}
+       for s in map(run_status, runs)
+       if s.state in ("running", "stopped")])
+
+
+def _lost_lines(runs: Sequence[runner.Run], output_dir: str) -> list[str]:
+  """A line naming each run of `runs` trained again from step 0 after its folder was lost."""
+  losses = lost_runs.read_losses(output_dir)
+  lost = [
+      f"{run.name} ({'; '.join(map(lost_runs.describe, losses[run.name]))})" for run in runs
+      if run.name in losses
+  ]
+  return [
+      "", "Trained again from step 0 after their folder was lost, each having reached: " +
+      ", ".join(lost) + "."
+  ] if lost else []
+
+
 def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -> str:
   """The table's state in `output_dir` and one line per run of `runs` (in their order), a
   warning when a run is running and this machine is loaded (`metrics_writer.is_loaded`), then
@@ -237,6 +268,7 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
         "beside other work now (table.md's machine load; the speed finding is judged only on "
         "runs timed alone)."
     ]
+  lines += _lost_lines(runs, output_dir)
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   planned = {run.name for run in runs}
   others = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
