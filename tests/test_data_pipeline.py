@@ -259,7 +259,8 @@ def test_subsets_say_what_each_held_out_split_holds(task):
 
 def test_task_api(task, data_dir):
   assert task.splits == ("train", "validation", "test", "test_long")
-  assert tuple(task.splits) == pipeline.SPLIT_NAMES["synthetic"]  # known before preparing
+  # Known before preparing: every split the task can have (test_long_seen where asked for).
+  assert task.splits + ("test_long_seen",) == pipeline.SPLIT_NAMES["synthetic"]
   assert set(pipeline.SPLIT_NAMES) == set(pipeline._LOADERS)  # pylint: disable=protected-access
   assert len(task.source_texts("validation")) == len(task.target_texts("validation")) == 20
   assert pipeline.get_task(_task_config(data_dir, max_length=32)) is pipeline.get_task(

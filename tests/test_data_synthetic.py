@@ -1,6 +1,8 @@
 """Tests for relpos.data.synthetic: the grammar, its word-order property, the TFDS builder."""
 
+import dataclasses
 import os
+import re
 from collections import Counter
 
 import pytest
@@ -100,10 +102,35 @@ def test_splits_come_from_distinct_seeds():
 def test_changed_parameters_get_another_builder_config_name():
   assert synthetic.SyntheticParams().name() == synthetic.SyntheticParams().name()
   assert synthetic.SyntheticParams(num_train=5).name() != synthetic.SyntheticParams().name()
+  # The name of the defaults before test_long_seen existed: their prepared data is reused.
+  assert synthetic.SyntheticParams().name() == "pd627f0437c44"
+  assert synthetic.SyntheticParams(num_test_long_seen=5).name() != "pd627f0437c44"
+
+
+def test_test_long_seen_is_long_sentences_of_seen_constructions_and_changes_no_other_split():
+  without = synthetic.SyntheticParams(num_train=50, num_validation=50, num_test=50,
+                                      num_test_long=50)
+  params = dataclasses.replace(without, num_test_long_seen=200)
+  assert without.split_names() == ("train", "validation", "test", "test_long")
+  assert params.split_names() == synthetic.SPLITS
+  splits, before = params.splits(), without.splits()
+  assert {name: splits[name] for name in before} == before
+  seen = splits["test_long_seen"]
+  assert len(seen) == 200 and not set(seen) & set(splits["test_long"])
+  lengths = [len(source.split()) for source, _ in seen]
+  assert min(lengths) >= 13 and max(lengths) <= synthetic.SEEN_MAX_WORDS
+  assert {synthetic.long_sentence_construction(source) for source, _ in seen
+         } == {synthetic.SEEN_CONSTRUCTIONS}
+  assert synthetic.subsets_of("test_long_seen", seen, set()) == []
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "config field task.synthetic.num_test_long_seen=200 needs task.synthetic.long_min_words "
+          "<= 20 (the longest sentence of seen constructions), not 21.")):
+    dataclasses.replace(params, long_min_words=21, long_max_words=30)
 
 
 def test_builder_writes_every_split_in_order_and_reports_the_fraction(tmp_path, caplog):
-  config = _task_config(tmp_path)
+  config = _task_config(tmp_path, num_test_long_seen=10)
   with caplog.at_level(logging.INFO):
     dataset = synthetic.load(config, str(tmp_path))
   generated = synthetic.SyntheticParams(**config.synthetic.to_dict()).splits()

@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from relpos.data import synthetic
+from relpos.experiments import report_length
 from relpos.experiments import verdicts
 import fake_results
 
@@ -173,6 +174,28 @@ def test_length_finding_i_is_also_judged_on_length_alone_where_runs_score_it():
   for run in runs:
     del run["scores"]["test_long"]["bleu_by_subset"]
   assert not [f for f, _, _ in verdicts.length_findings(runs) if "length alone" in f]
+
+
+def test_length_finding_i_is_judged_on_the_length_alone_split_where_runs_have_it():
+  """(i) again on test_long_seen, the synthetic task's split of long sentences of seen
+  constructions only, by Welch's t-test; in the length table as a column beside test_long."""
+  runs = fake_results.length_runs()
+  for run in runs:  # rel_kv 8 BLEU above abs (abs: 60, 61, 62); rope not run
+    if run["row"] in ("abs", "rel_kv"):
+      run["scores"]["test_long_seen"] = {"bleu": 60.0 + run["seed"] + 8 * (run["row"] != "abs")}
+  found = {f: (v, e) for f, v, e in verdicts.length_findings(runs)}
+  p = stats.ttest_ind([68.0, 69.0, 70.0], [60.0, 61.0, 62.0], equal_var=False).pvalue
+  assert found["(i) rel_kv beats abs on test_long_seen (length alone)"] == (
+      "yes", f"rel_kv 69.0 ± 1.0 vs abs 61.0 ± 1.0: +8.0 [+5.7, +10.3], p = {p:.2g}")
+  assert found["(i) rope beats abs on test_long_seen (length alone)"][0] == "not run"
+  table = report_length.length_table_lines(runs, ["abs", "rel_kv", "shape"])
+  assert table[0].startswith("| row | seeds | test BLEU | test_long BLEU | test_long_seen BLEU | "
+                             "test_long BLEU (oracle length) |")
+  assert table[3].startswith("| rel_kv | 3 | 98.0 ± 1.0 | 27.0 ± 2.0 | 69.0 ± 1.0 | ")
+  assert table[4].startswith("| shape | 3 | 91.0 ± 1.0 | 41.0 ± 1.0 | – | ")
+  for run in runs:
+    run["scores"].pop("test_long_seen", None)
+  assert not [f for f, _, _ in verdicts.length_findings(runs) if "test_long_seen" in f]
 
 
 def test_the_length_alone_subset_is_the_synthetic_tasks():

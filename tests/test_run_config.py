@@ -32,6 +32,7 @@ INVALID = {
     "task.synthetic.num_validation": 0,
     "task.synthetic.num_test": 0,
     "task.synthetic.num_test_long": 0,
+    "task.synthetic.num_test_long_seen": -1,
     "task.synthetic.min_words": 0,
     "task.synthetic.max_words": 0,
     "task.synthetic.long_min_words": 0,

@@ -20,8 +20,10 @@ Splits: train, validation and test over [min_words, max_words] source words; tes
 more clauses with "and" ("ke"), up to round(max_words / 12) of them: with the defaults (12 and
 24 words) no training sentence joins two clauses and most test_long sentences do, so test_long
 tests that construction besides length (`relpos.experiments.synthetic_subsets` scores the two
-apart). Each split comes from its own seed; the grammar repeats short sentences, so some
-validation and test pairs also occur in training.
+apart). test_long_seen (num_test_long_seen pairs; none by default) draws test_long's range but
+keeps only sentences of constructions seen in training (`SEEN_CONSTRUCTIONS`): length alone.
+Each split comes from its own seed; the grammar repeats short sentences, so some validation and
+test pairs also occur in training.
 """
 
 import dataclasses
@@ -29,7 +31,7 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import ml_collections
 import tensorflow_datasets as tfds
@@ -46,7 +48,8 @@ INTRANSITIVE = ("sleep", "run", "sing", "laugh", "wait", "dance")
 PLACES = ("house", "tree", "river", "bridge", "table", "garden", "market", "hill")
 PREPOSITIONS = ("near", "under", "behind", "in", "on", "with")
 DETERMINERS = ("the", "a")
-SPLITS = ("train", "validation", "test", "test_long")
+# Every split the task can have; test_long_seen only where num_test_long_seen > 0.
+SPLITS = ("train", "validation", "test", "test_long", "test_long_seen")
 MIN_SENTENCE_WORDS = 3  # "the dog sleeps"
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")
@@ -183,6 +186,9 @@ def relative_clause_count(source: str) -> int:
 # clauses joined by "and" (at least 7 words), and one clause with two relative clauses (at
 # least 13 words: "the dog that sees a cat likes the bird that sees a king").
 SEEN_CONSTRUCTIONS = "seen constructions"
+# The longest sentence of seen constructions: one clause whose noun phrases hold at most one
+# relative clause (subject with it 10 words, verb 1, object 4, prepositional phrase 5).
+SEEN_MAX_WORDS = 20
 TWO_RELATIVE_CLAUSES = "2 relative clauses"
 TWO_CLAUSES = "2 clauses"
 
@@ -201,8 +207,11 @@ def subsets_of(split: str, pairs: Sequence[tuple[str, str]],
   """What a held-out split holds, as (name, sentence indices) of `pairs`: for `test_long`, its
   sentences by `long_sentence_construction` (those of constructions seen in training test
   length alone; the others hold a construction never seen, besides their length), empty
-  subsets left out; for the other splits, the pairs that also occur in training
-  (`train_pairs`; the grammar repeats short sentences) and those that do not."""
+  subsets left out; none for test_long_seen (all of it is SEEN_CONSTRUCTIONS); for the other
+  splits, the pairs that also occur in training (`train_pairs`; the grammar repeats short
+  sentences) and those that do not."""
+  if split == "test_long_seen":
+    return []
   if split != "test_long":
     seen = [pair in train_pairs for pair in pairs]
     return [("in training", [i for i, s in enumerate(seen) if s]),
@@ -216,7 +225,8 @@ def subsets_of(split: str, pairs: Sequence[tuple[str, str]],
 
 
 def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
-             swap_fraction: float = 0.0) -> list[tuple[str, str]]:
+             swap_fraction: float = 0.0,
+             keep: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
   """`num` (source, target) pairs with min_words..max_words source words.
 
   Args:
@@ -225,6 +235,8 @@ def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
     seed: the generator's seed (same seed, same pairs).
     swap_fraction: probability that a one-clause transitive sentence is followed by its
       subject/object swap (a permutation of the same words with another target).
+    keep: where given, only the sentences whose source it accepts are kept (the others are
+      drawn and dropped, as those out of the length range are).
   """
   rng = random.Random(seed)
   clauses_needed = max(1, round(max_words / 12))
@@ -232,7 +244,7 @@ def generate(num: int, min_words: int, max_words: int, seed: int | str, *,
   while len(pairs) < num:
     clauses = [_clause(rng) for _ in range(rng.randint(1, clauses_needed))]
     source, target = _sentence(clauses)
-    if not min_words <= len(source.split()) <= max_words:
+    if not min_words <= len(source.split()) <= max_words or (keep and not keep(source)):
       continue
     pairs.append((source, target))
     only = clauses[0]
@@ -262,6 +274,7 @@ class SyntheticParams:
   num_validation: int = 500
   num_test: int = 500
   num_test_long: int = 500
+  num_test_long_seen: int = 0
   min_words: int = 3
   max_words: int = 12
   long_min_words: int = 13
@@ -279,28 +292,49 @@ class SyntheticParams:
       raise ValueError(f"config field task.synthetic.long_min_words={self.long_min_words} must "
                        f"exceed task.synthetic.max_words={self.max_words}: test_long holds "
                        f"sentences longer than any training sentence.")
+    if self.num_test_long_seen and self.long_min_words > SEEN_MAX_WORDS:
+      raise ValueError(f"config field task.synthetic.num_test_long_seen={self.num_test_long_seen} "
+                       f"needs task.synthetic.long_min_words <= {SEEN_MAX_WORDS} (the longest "
+                       f"sentence of seen constructions), not {self.long_min_words}.")
+
+  def fields(self) -> dict[str, int]:
+    """The parameters; num_test_long_seen only where set (above 0), so that the parameters of a
+    task without that split keep the name, and the data, they had before the split existed."""
+    fields = dataclasses.asdict(self)
+    if not self.num_test_long_seen:
+      del fields["num_test_long_seen"]
+    return fields
 
   def name(self) -> str:
     """A builder-config name unique to these parameters (a changed size never reuses data)."""
-    digest = hashlib.sha1(json.dumps(dataclasses.asdict(self), sort_keys=True).encode())
+    digest = hashlib.sha1(json.dumps(self.fields(), sort_keys=True).encode())
     return f"p{digest.hexdigest()[:12]}"
+
+  def split_names(self) -> tuple[str, ...]:
+    """The splits these parameters make: SPLITS, test_long_seen only where asked for."""
+    return tuple(s for s in SPLITS if s != "test_long_seen" or self.num_test_long_seen)
 
   def splits(self) -> dict[str, list[tuple[str, str]]]:
     """Every split's pairs, each from its own seed "<seed>/<split>" (no split of one seed
-    repeats a split of another)."""
+    repeats a split of another; adding test_long_seen changes no other split)."""
     short, long = (self.min_words, self.max_words), (self.long_min_words, self.long_max_words)
-    return {
+    splits = {
         "train": generate(self.num_train, *short, f"{self.seed}/train"),
         "validation": generate(self.num_validation, *short, f"{self.seed}/validation"),
         "test": generate(self.num_test, *short, f"{self.seed}/test", swap_fraction=0.5),
         "test_long": generate(self.num_test_long, *long, f"{self.seed}/test_long"),
     }
+    if self.num_test_long_seen:
+      seen = lambda source: long_sentence_construction(source) == SEEN_CONSTRUCTIONS
+      splits["test_long_seen"] = generate(self.num_test_long_seen, *long,
+                                          f"{self.seed}/test_long_seen", keep=seen)
+    return splits
 
 
 class SyntheticBuilderConfig(tfds.core.BuilderConfig):
   """Builder config carrying the generation parameters; its name is their hash."""
   def __init__(self, params: SyntheticParams):
-    super().__init__(name=params.name(), description=json.dumps(dataclasses.asdict(params)))
+    super().__init__(name=params.name(), description=json.dumps(params.fields()))
     self.params = params
 
 
@@ -333,4 +367,4 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
   builder = datasets.prepared(
       lambda: SyntheticTranslation(config=SyntheticBuilderConfig(params), data_dir=root, file_format
                                    =datasets.FILE_FORMAT), datasets.prepare)
-  return datasets.PairDataset(builder, SPLITS)
+  return datasets.PairDataset(builder, params.split_names())

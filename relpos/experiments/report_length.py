@@ -73,10 +73,12 @@ def subset_lines(runs: list[dict], rows: list[str]) -> list[str]:
 
 
 def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
-  """The main table of the length table: test, long split, long split at oracle length, its
-  length ratio and early / late stops, and the share of the drop oracle length recovers."""
+  """The main table of the length table: test, long split (and its length-alone split where
+  scored), long split at oracle length, its length ratio and early / late stops, and the share
+  of the drop oracle length recovers."""
   test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
   splits = [test_split] + ([long] if long != test_split else [])
+  splits += [s for s in verdicts.splits_in_order(runs) if s == verdicts.LENGTH_ALONE_SPLIT]
   header = (["row", "seeds"] + [f"{s} BLEU" for s in splits] + [
       f"{long} BLEU (oracle length)", f"{long} length ratio", f"{long} shorter", f"{long} longer",
       "drop recovered by oracle length"
@@ -258,6 +260,9 @@ def _attention_lines(runs: list[dict], table: str, rows: list[str]) -> list[str]
 def length_findings_lines(runs: list[dict]) -> list[str]:
   """The length table's findings section."""
   test_split, long = verdicts.main_test_split(runs), verdicts.long_split(runs)
+  alone_split = (f", and on {verdicts.LENGTH_ALONE_SPLIT} (a split of those constructions only, "
+                 f"at {long}'s lengths)"
+                 if verdicts.LENGTH_ALONE_SPLIT in verdicts.splits_in_order(runs) else "")
   return [
       "## Length findings", "",
       f"Each finding compares per-seed values by Welch's t-test ((ii): the same runs decoded "
@@ -265,7 +270,7 @@ def length_findings_lines(runs: list[dict]) -> list[str]:
       f"two-sided p. {verdicts.RULE} Each finding predicts a gap of at least "
       f"{verdicts.MARGIN_BLEU} BLEU. (i) is also judged on the {long} sentences built only "
       f"of constructions seen in training ({verdicts.LENGTH_ALONE_SUBSET!r}: length alone) "
-      f"where the runs score them. (ii) also gives "
+      f"where the runs score them{alone_split}. (ii) also gives "
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
       f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",

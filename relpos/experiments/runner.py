@@ -173,8 +173,8 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
                                 trained.get(run))
     if result is None:
       logging.warning(
-          "Preempted during %s: its checkpoint is saved; rerun the same command "
-          "to resume.", run.workdir)
+          "Preempted during %s: its checkpoint is saved; rerun the same command to "
+          "resume.", run.workdir)
       return True
     _print_finished(result, done, len(runs), started)
     results.write_outputs(output_dir, publish_to)
@@ -369,7 +369,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
     seeds: the seeds to run each row with.
     output_dir: where runs, results.json, table.md and plots go (resumable).
     rows: a subset of the table's rows (default all).
-    overrides: dotted config fields to set on every run, e.g. {"train.num_steps": 100}.
+    overrides: dotted fields set on every run over `tables.TABLE_FIELDS`: {"train.num_steps": 9}.
     parallel: how many runs at once; above 1 each is a child process (module docstring).
     order: one of ORDERS: "rows" (a row's seeds one after another) or "seeds" (every row
       with one seed before the next seed).
@@ -408,7 +408,7 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
                      f"parallel={parallel}.")
   if order not in ORDERS:
     raise ValueError(f"order={order!r}: allowed: {', '.join(ORDERS)}.")
-  rows = table_rows(table, rows)
+  rows, overrides = table_rows(table, rows), tables.with_table_fields(table, task, overrides)
   tables.check_overrides(rows, overrides)
   for row in rows:  # every config valid before any work
     config_lib.validate(tables.one_run_config(row, seeds[0], task, overrides))

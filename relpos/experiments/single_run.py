@@ -29,10 +29,20 @@ from relpos.experiments import diagnostics
 from relpos.experiments import results
 from relpos.experiments import tables
 
-# Held-out splits scored per dataset (`config.task.name`).
+# Held-out splits scored per dataset (`config.task.name`), the first the main one; of those a
+# task may lack (the synthetic test_long_seen unless task.synthetic.num_test_long_seen), those
+# it has (`eval_splits`).
 EVAL_SPLITS = {
-    "synthetic": ("test", "test_long"), "multi30k": ("test_2016_flickr",), "wmt14": ("test",)
+    "synthetic": ("test", "test_long", "test_long_seen"), "multi30k": ("test_2016_flickr",),
+    "wmt14": ("test",)
 }
+
+
+def eval_splits(task: pipeline.Task) -> tuple[str, ...]:
+  """The EVAL_SPLITS of `task` that it has."""
+  return tuple(split for split in EVAL_SPLITS[task.name] if split in task.splits)
+
+
 ANALYSIS_SENTENCES = 128
 # Held by the process that runs in a workdir (others wait for it).
 LOCK_FILE = "run.lock"
@@ -76,7 +86,7 @@ def score_checkpoint(
   """
   model, step = evaluate.restore_model(workdir, config, checkpoint, mesh)
   scores, by_length, lengths = {}, {}, {}
-  for split in ("validation",) + EVAL_SPLITS[config.task.name]:
+  for split in ("validation",) + eval_splits(task):
     scored = evaluate.score_split(model, task, split, config, mesh=mesh)
     translations = scored.pop("translations")
     scores[split] = {**scored, "step": step}
@@ -106,7 +116,7 @@ def length_diagnostics(model: nnx.Module, config: run_config.RunConfig, task: pi
      encoder's attention on up to ANALYSIS_SENTENCES of its sources}.
   """
   out = {"oracle_length": {}, "token_accuracy_by_position": {}, "attention_profile": {}}
-  for split in EVAL_SPLITS[config.task.name]:
+  for split in eval_splits(task):
     out["oracle_length"][split] = diagnostics.oracle_length_scores(model, task, split, config,
                                                                    mesh=mesh)
     out["token_accuracy_by_position"][split] = diagnostics.token_accuracy_by_position(

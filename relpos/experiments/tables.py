@@ -93,6 +93,18 @@ TABLES: dict[str, tuple[str, ...]] = {
 # baseline, absolute positions, and in the k sweep its k = 16.
 BASELINE_ROWS = {"ablation": "abs", "length": "abs", "k_sweep": "k=16"}
 
+# (table, task) -> the fields its every run sets, under the command's own overrides
+# (`with_table_fields`): the length table scores the synthetic task's long sentences of seen
+# constructions too (test_long_seen, docs/length.md).
+TABLE_FIELDS = {("length", "synthetic"): {"task.synthetic.num_test_long_seen": 500}}
+
+
+def with_table_fields(table: str, task: str,
+                      overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+  """`overrides` (dotted field -> value) over the fields `table` sets on `task` (TABLE_FIELDS)."""
+  return {**TABLE_FIELDS.get((table, task), {}), **(overrides or {})}
+
+
 # Task name -> its base config (model size, data, training budget): a file of configs/.
 TASK_CONFIGS = {
     "synthetic": "default.py",
@@ -288,7 +300,9 @@ def recipe_differences(run: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
   absl_logger.setLevel(logging.ERROR)
   try:
     saved = run_config.validate(run["config"])
-    recipe = run_config.validate(one_run_config(run["row"], run["seed"], run["task"]))
+    recipe = run_config.validate(
+        one_run_config(run["row"], run["seed"], run["task"],
+                       with_table_fields(run["table"], run["task"])))
   except ValueError:
     return []
   finally:

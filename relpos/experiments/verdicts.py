@@ -33,6 +33,8 @@ RULE = ("A prediction holds (yes) when the whole interval lies on its side of th
 # The synthetic task's test_long sentences built only of constructions seen in training
 # (`relpos.data.synthetic.SEEN_CONSTRUCTIONS`, a subset of `bleu_by_subset`): length alone.
 LENGTH_ALONE_SUBSET = "seen constructions"
+# Its split of its own, of test_long's lengths (`task.synthetic.num_test_long_seen` sentences).
+LENGTH_ALONE_SPLIT = "test_long_seen"
 # The relative rows finding (i) of the length table sets against abs.
 RELATIVE_LENGTH_ROWS = ("rel_kv", "t5", "rope", "alibi", "fire")
 
@@ -351,7 +353,7 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
 
   (i) each relative row beats abs on the long split (Rosendahl et al. 2019), and, where the
   runs score it, on its sentences of constructions seen in training (`LENGTH_ALONE_SUBSET`:
-  length alone, apart from constructions never seen); (ii) per row,
+  length alone, apart from constructions never seen) and on LENGTH_ALONE_SPLIT; (ii) per row,
   oracle length lifts the long split (with the share of the drop it recovers); (iii) each
   intervention of `tables.LENGTH_BASES` lifts the long split over its base row, with its
   cost on the test split.
@@ -387,6 +389,11 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
           f"(i) {row} beats abs on {long}'s {LENGTH_ALONE_SUBSET} (length alone)", values,
           alone("abs"), gap=True, evidence=lambda: f"{row} {format_mean_std(values)} vs abs "
           f"{format_mean_std(alone('abs'))}")
+  if base := bleu("abs", LENGTH_ALONE_SPLIT):
+    for row in RELATIVE_LENGTH_ROWS:
+      values = bleu(row, LENGTH_ALONE_SPLIT)
+      check(f"(i) {row} beats abs on {LENGTH_ALONE_SPLIT} (length alone)", values, base, gap=True,
+            evidence=lambda: f"{row} {format_mean_std(values)} vs abs {format_mean_std(base)}")
   for row in rows_in_order(runs, "length"):
     # The runs decoded both ways, paired run by run.
     row_runs = [r for r in runs_of_row(runs, "length", row) if long in r.get("oracle_length", {})]
