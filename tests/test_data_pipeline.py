@@ -1,6 +1,7 @@
 """Tests for relpos.data.pipeline: packing, bucketing, resume, sharding, eval batches."""
 
 import json
+import re
 import shutil
 from collections import Counter
 
@@ -267,6 +268,12 @@ def test_task_api(task, data_dir):
       _task_config(data_dir, max_length=32))
   with pytest.raises(ValueError, match="split='dev' is not a split of task 'synthetic'"):
     task.source_texts("dev")
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "split='test_long_seen' is not a split of task 'synthetic' (set "
+          "task.synthetic.num_test_long_seen to make it); allowed: train, validation, test, "
+          "test_long.")):
+    task.source_texts("test_long_seen")
   with pytest.raises(ValueError, match="task.name='imdb'"):
     pipeline.Task(_task_config(data_dir, name="imdb"))
 

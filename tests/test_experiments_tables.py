@@ -79,6 +79,24 @@ def test_the_length_table_rows_and_their_task_fields():
   assert override.task.concat_probability == 0.0
 
 
+def test_the_length_table_scores_test_long_seen_on_the_synthetic_task_unless_told_otherwise():
+  assert tables.with_table_fields("length",
+                                  "synthetic") == {"task.synthetic.num_test_long_seen": 500}
+  assert tables.with_table_fields("length", "synthetic",
+                                  {"task.synthetic.num_test_long_seen": 0}) == {
+                                      "task.synthetic.num_test_long_seen": 0
+                                  }  # the command line wins
+  assert tables.with_table_fields("ablation", "synthetic", {"seed": 1}) == {"seed": 1}
+  assert tables.with_table_fields("length", "multi30k") == {}
+  # A length run made so is made as its recipe; an ablation run so is not.
+  config = tables.one_run_config("abs", 0, "synthetic",
+                                 tables.with_table_fields("length", "synthetic"))
+  run = {"row": "abs", "seed": 0, "task": "synthetic", "config": config.to_dict()}
+  assert tables.recipe_differences({**run, "table": "length"}) == []
+  assert tables.recipe_differences({**run, "table": "ablation"
+                                   }) == [("task.synthetic.num_test_long_seen", 0, 500)]
+
+
 @pytest.mark.parametrize(
     "rows,field,value,row,own",
     [

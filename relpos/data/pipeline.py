@@ -60,7 +60,9 @@ def check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> No
   """Raises ValueError, naming the allowed splits, if split (None: no split asked) is not one
   of them; the one wording for the data pipeline and `eval.py --split`."""
   if split is not None and split not in allowed:
-    raise ValueError(f"split={split!r} is not a split of task {task_name!r}; allowed: "
+    made = (" (set task.synthetic.num_test_long_seen to make it)"
+            if split == "test_long_seen" and task_name == "synthetic" else "")
+    raise ValueError(f"split={split!r} is not a split of task {task_name!r}{made}; allowed: "
                      f"{', '.join(allowed)}.")
 
 
