@@ -144,12 +144,14 @@ class Recorder:
     evaluation or checkpoint, so steps per second count training alone."""
     self._steps_timed, self._start = 0, time.perf_counter()
 
-  def train_summary(self, step: int, num_skipped: int) -> dict[str, float | None]:
-    """The train record of `step`: means over the finite steps since the last summary (None
+  def train_summary(self, num_skipped: int, applied_updates: int) -> dict[str, float | None]:
+    """The train record of a logging step: means over the finite steps since the last summary (None
     when every step was skipped) of `smoothed_loss` (the label-smoothed training objective per
     target token; validation's `loss` is the plain cross-entropy) and `grad_norm`; training
     steps per second (None when no step was timed); `skipped_updates` so far; the next
-    update's `learning_rate`; the run's seconds so far, `elapsed_s`
+    update's `learning_rate` (the schedule at `applied_updates`,
+    `train_state.applied_updates`: float16 loss-scale overflows, not counted as skipped, do
+    not advance it either); the run's seconds so far, `elapsed_s`
     (`metrics_writer.elapsed_seconds`); and the machine's `load_average` now
     (`metrics_writer.load_average`), which says whether the steps were timed alone."""
     self.flush()
@@ -158,7 +160,7 @@ class Recorder:
     summary = {
         "smoothed_loss": means["loss"], "grad_norm": means["grad_norm"],
         "steps_per_second": self._steps_timed / elapsed if self._steps_timed else None,
-        "skipped_updates": num_skipped, "learning_rate": float(self._schedule(step - num_skipped)),
+        "skipped_updates": num_skipped, "learning_rate": float(self._schedule(applied_updates)),
         "elapsed_s": self._earlier_s + time.perf_counter() - self._started,
         "load_average": metrics_writer.load_average()
     }

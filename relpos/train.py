@@ -246,7 +246,8 @@ def end_step(run: Run, step: int, state: train_state.TrainState | None, preempte
   evaluate_now, save_now, log_now = step_actions(step, run.config.train, preempted)
   train_config, result, manager = run.config.train, run.result, run.opened.manager
   if log_now:
-    result["train"] = run.records.train_summary(step, int(state["num_skipped"]))
+    result["train"] = run.records.train_summary(int(state["num_skipped"]),
+                                                train_state.applied_updates(state["opt_state"]))
     run.writer.write(step, "train", result["train"])
   eval_metrics = None
   if evaluate_now:

@@ -47,6 +47,15 @@ def learning_rate_schedule(train_config: ml_collections.ConfigDict) -> optax.Sch
   return schedule
 
 
+def applied_updates(opt_state: Any) -> int:
+  """The updates applied so far: the count of `learning_rate_schedule` in `opt_state` (of
+  `make_optimizer`), which a skipped update leaves as it was, a float16 loss-scale overflow
+  included; the next update's learning rate is the schedule at it."""
+  is_schedule = lambda node: isinstance(node, optax.ScaleByScheduleState)
+  [schedule] = [n for n in jax.tree.leaves(opt_state, is_leaf=is_schedule) if is_schedule(n)]
+  return int(schedule.count)
+
+
 def make_optimizer(train_config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Adam (b1, b2, eps of the config), optional global-norm clipping and decoupled weight decay
   (matrices only), scaled by `learning_rate_schedule`."""

@@ -51,7 +51,7 @@ def test_train_summary_means_the_finite_steps_and_names_the_schedule(tmp_path):
   records.push(1, step_metrics(4.0))
   records.push(2, step_metrics(float("nan"), finite=False))
   records.push(3, step_metrics(2.0))
-  summary = records.train_summary(step=3, num_skipped=1)
+  summary = records.train_summary(num_skipped=1, applied_updates=2)
   assert summary["smoothed_loss"] == pytest.approx(3.0)
   assert summary["grad_norm"] == pytest.approx(6.0)
   assert summary["skipped_updates"] == 1
@@ -60,7 +60,7 @@ def test_train_summary_means_the_finite_steps_and_names_the_schedule(tmp_path):
   assert records.last["train"] is summary
   # The sums start again after a summary; every step skipped gives None, not a division by 0.
   records.push(4, step_metrics(float("inf"), finite=False))
-  assert records.train_summary(step=4, num_skipped=2)["smoothed_loss"] is None
+  assert records.train_summary(num_skipped=2, applied_updates=2)["smoothed_loss"] is None
 
 
 def test_a_float16_overflow_step_leaves_grad_norm_finite(tmp_path):
@@ -69,7 +69,7 @@ def test_a_float16_overflow_step_leaves_grad_norm_finite(tmp_path):
   records = make_recorder(tmp_path)
   records.push(1, step_metrics(4.0) | {"grad_norm": np.float32(np.inf)})
   records.push(2, step_metrics(2.0))
-  summary = records.train_summary(step=2, num_skipped=0)
+  summary = records.train_summary(num_skipped=0, applied_updates=2)
   assert summary["smoothed_loss"] == pytest.approx(3.0)
   assert summary["grad_norm"] == pytest.approx(4.0)
 
@@ -112,4 +112,4 @@ def test_a_resumed_run_reads_its_history_up_to_its_step(tmp_path):
   # The run's seconds continue from those of its earlier starts (20 s of training + 4 s of
   # validation by step 4).
   assert metrics_writer.elapsed_seconds(lines[:4]) == 24.0
-  assert records.train_summary(step=5, num_skipped=0)["elapsed_s"] >= 24.0
+  assert records.train_summary(num_skipped=0, applied_updates=5)["elapsed_s"] >= 24.0

@@ -9,6 +9,7 @@ from jax.sharding import Mesh
 from configs import tiny
 from relpos import run_config
 from relpos import steps as steps_lib
+from relpos import train_state
 
 
 def _random_batch(rng: np.random.Generator, rows: int, length: int, vocab: int):
@@ -159,3 +160,8 @@ def test_a_float16_overflow_halves_the_scale_and_is_not_counted_as_skipped():
   assert not np.isfinite(float(metrics["grad_norm"])) and float(metrics["finite"]) == 1.0
   assert int(state["num_skipped"]) == 0 and float(state["loss_scale"]["scale"]) == 2.0**99
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state["params"]), before)
+  # Nothing applied: the next update's learning rate is still the first one's.
+  assert train_state.applied_updates(state["opt_state"]) == 0
+  state["loss_scale"]["scale"] = jnp.asarray(1.0, jnp.float32)
+  state, _ = steps.train(state, steps.global_batch(batch))
+  assert train_state.applied_updates(state["opt_state"]) == 1
