@@ -81,6 +81,17 @@ def test_a_look_at_a_machine_that_lost_the_runs_keeps_them_in_flight(tmp_path):
   assert first_loss == loss and second_loss["step"] == 20
 
 
+def test_nothing_in_flight_writes_no_file_but_empties_one_there(tmp_path):
+  published_dir, runs_dir, output_dir = _folders(tmp_path)
+  assert lost_runs.write_in_flight(published_dir, runs_dir, output_dir, []) is None
+  assert not os.path.exists(published_dir)
+  os.makedirs(os.path.join(runs_dir, REL_KV))
+  lost_runs.write_in_flight(published_dir, runs_dir, output_dir,
+                            [{"run": REL_KV, "step": 3, "checkpoint": 2, "num_steps": 8}])
+  path = lost_runs.write_in_flight(published_dir, runs_dir, output_dir, [])  # it finished
+  assert _in_flight(published_dir)["runs"] == [] and path.endswith(lost_runs.IN_FLIGHT_FILE)
+
+
 def test_a_run_that_had_not_trained_is_not_lost(tmp_path):
   published_dir, runs_dir, output_dir = _folders(tmp_path)
   lost_runs.write_in_flight(published_dir, runs_dir, output_dir,

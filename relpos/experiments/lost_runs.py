@@ -81,7 +81,7 @@ def _published_runs(path: str) -> tuple[str | None, list[dict[str, Any]]]:
 
 
 def write_in_flight(destination: str, runs_dir: str, output_dir: str,
-                    in_flight: Sequence[dict[str, Any]]) -> str:
+                    in_flight: Sequence[dict[str, Any]]) -> str | None:
   """Writes IN_FLIGHT_FILE into `destination`: `in_flight` ({"run": name, "step", "checkpoint",
   "num_steps"} of each begun, unfinished run) with each run's losses on record in `output_dir`
   ("lost", where it has any), and the time. The runs the file listed before whose folders
@@ -89,9 +89,11 @@ def write_in_flight(destination: str, runs_dir: str, output_dir: str,
   that lost them, before the restart that records them, does not erase them.
 
   Returns:
-    The file's path.
+    The file's path; None where there is nothing to write (no run in flight, no file).
   """
   path = os.path.join(destination, IN_FLIGHT_FILE)
+  if not in_flight and not os.path.exists(path):
+    return None
   written_at, earlier = _published_runs(path)
   losses = read_losses(output_dir)
   runs = [{**run, "lost": losses[run["run"]]} if run["run"] in losses else dict(run)

@@ -152,8 +152,8 @@ def main(argv: Sequence[str]) -> None:
                                runner.table_rows(asked["table"], asked["rows"]),
                                range(asked["seeds"]), _OUTPUT_DIR.value, _ORDER.value)
       if _PUBLISH_TO.value:
-        written = status.publish_in_flight(_PUBLISH_TO.value, runs, _OUTPUT_DIR.value)
-        note += f"\n\nWrote the runs in flight to {written} (commit it with the results)."
+        if written := status.publish_in_flight(_PUBLISH_TO.value, runs, _OUTPUT_DIR.value):
+          note += f"\n\nWrote the runs in flight to {written} (commit it with the results)."
       return status.report(asked["table"], asked["task"], runs, _OUTPUT_DIR.value) + note
 
     print(cli.run(argv, report))

@@ -204,13 +204,13 @@ def _time_left(statuses: Sequence[RunStatus], took: Sequence[float]) -> str:
           f"{duration(median)} a run, less the steps each has trained).")
 
 
-def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: str) -> str:
+def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: str) -> str | None:
   """Writes `lost_runs.IN_FLIGHT_FILE` into `destination` (the table's --publish_to folder): the
   runs of `runs` begun and not finished, each with its last step and newest checkpoint, so that
   a restart with --restore_from after the output folder is lost records them as trained again.
 
   Returns:
-    The file's path.
+    The file's path; None where no run is in flight and none was published.
   """
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   return lost_runs.write_in_flight(
