@@ -64,11 +64,14 @@ def result_differences(before: run_config.RunConfig,
                        after: run_config.RunConfig) -> list[tuple[str, Any, Any]]:
   """`differences` that change a run's result: a finished run is reused only without any.
   train.checkpoint_every_steps counts where a table scores an `average:N`, whose checkpoints
-  it sets."""
+  it sets; an EXTRA_SPLIT field only from one size to another (turning the split on or off
+  changes no other result)."""
   averaged = _averages(before) or _averages(after)
+  extra_split_toggled = lambda d: effect(d[0]) == fields.EXTRA_SPLIT and 0 in (d[1], d[2])
   return [
       d for d in differences(before, after)
-      if effect(d[0]) != fields.NEUTRAL or (averaged and d[0] == "train.checkpoint_every_steps")
+      if (effect(d[0]) != fields.NEUTRAL and not extra_split_toggled(d)) or
+      (averaged and d[0] == "train.checkpoint_every_steps")
   ]
 
 

@@ -27,6 +27,10 @@ SAME = object()  # Field.absent: a config without the field means its default
 # place in the data (DATA: the seed's shuffle order, the examples max_length keeps).
 NEUTRAL, RESULT, TOKENIZER, PARAMETERS = "neutral", "result", "tokenizer", "parameters"
 SELECTION, DATA = "selection", "data"
+# The size of a held-out split scored besides the others (0: no such split): turned on or off it
+# changes no other result (a finished run without the split is reused, the split missing from
+# its result; an unfinished one resumes and scores it); from one size to another, RESULT.
+EXTRA_SPLIT = "extra split"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +55,8 @@ class Field:
     doc: one line for a reader of the config.
     absent: the value of a saved config that lacks the field (one written before the field
       existed): the value that reproduces that run. SAME: `default`.
-    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS, SELECTION, DATA);
+    effect: what changing it does (NEUTRAL, RESULT, TOKENIZER, PARAMETERS, SELECTION, DATA,
+      EXTRA_SPLIT);
       None: the section's (PARAMETERS for `model.*`, RESULT elsewhere).
   """
   default: Any

@@ -76,7 +76,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "num_test_long": Field(500, integer(1), "test_long pairs"),
         "num_test_long_seen": Field(
             0, integer(0), "test_long_seen pairs: test_long's lengths, constructions seen in "
-            "training only (length alone); 0: no such split"),
+            "training only (length alone); 0: no such split", effect=fields.EXTRA_SPLIT),
         "min_words": Field(3, integer(1), "train/validation/test source length range (words)",
                            effect=TOKENIZER),
         "max_words": Field(12, integer(1), "", effect=TOKENIZER),

@@ -137,6 +137,25 @@ def test_the_checkpoint_interval_changes_a_result_only_where_checkpoints_are_ave
   ] == ["train.checkpoint_every_steps"]
 
 
+def test_an_extra_split_turned_on_or_off_changes_no_other_result(tmp_path):
+  """A run without test_long_seen is reused by a table that scores it (the split missing from
+  its result) and resumes into it; another size of the split is another result."""
+  sizes = lambda before, after: config_changes.result_differences(
+      run_config.validate(_with_seen(before)), run_config.validate(_with_seen(after)))
+  assert sizes(0, 500) == sizes(500, 0) == []
+  assert sizes(500, 1000) == [("task.synthetic.num_test_long_seen", 500, 1000)]
+  workdir, _ = _saved_run(tmp_path)  # without the split
+  assert config_changes.check_resume(run_config.validate(_with_seen(500)), workdir,
+                                     resuming=True) == [("task.synthetic.num_test_long_seen", 0,
+                                                         500)]  # recorded, not refused
+
+
+def _with_seen(size: int):
+  config = tiny.get_config()
+  config.task.synthetic.num_test_long_seen = size
+  return config
+
+
 @pytest.mark.parametrize("field, value, why", [
     ("decode.beam_size", 1, "the best checkpoint and early stopping would rank validations "
      "measured two ways"),

@@ -29,10 +29,10 @@ def _in_flight(published_dir: str) -> dict:
 def test_a_run_in_flight_whose_folder_is_gone_is_recorded_lost_once(tmp_path):
   published_dir, runs_dir, output_dir = _folders(tmp_path)
   os.makedirs(os.path.join(runs_dir, ABS))
-  lost_runs.write_in_flight(published_dir, runs_dir, output_dir, [
+  lost_runs.write_in_flight(published_dir, output_dir, [
       {"run": REL_KV, "step": 5198, "checkpoint": 5100, "num_steps": 8000},
       {"run": ABS, "step": 40, "checkpoint": None, "num_steps": 8000},
-  ])
+  ], {REL_KV, ABS})
   written_at = _in_flight(published_dir)["written_at"]
 
   found = lost_runs.record_losses(published_dir, runs_dir, output_dir)
@@ -55,12 +55,13 @@ def test_a_run_in_flight_whose_folder_is_gone_is_recorded_lost_once(tmp_path):
 
 def test_a_look_at_a_machine_that_lost_the_runs_keeps_them_in_flight(tmp_path):
   """--status on a fresh machine, before the restart that records the loss, lists no run in
-  flight there: the runs the file listed whose folders are missing stay as they were."""
+  flight there (and settles none: no folder): the runs the file listed stay as they were."""
   published_dir, runs_dir, output_dir = _folders(tmp_path)
-  lost_runs.write_in_flight(published_dir, runs_dir, output_dir,
-                            [{"run": REL_KV, "step": 300, "checkpoint": 300, "num_steps": 800}])
+  lost_runs.write_in_flight(published_dir, output_dir,
+                            [{"run": REL_KV, "step": 300, "checkpoint": 300, "num_steps": 800}],
+                            {REL_KV})
   first = _in_flight(published_dir)
-  lost_runs.write_in_flight(published_dir, runs_dir, str(tmp_path / "fresh"), [])
+  lost_runs.write_in_flight(published_dir, str(tmp_path / "fresh"), [], set())
   second = _in_flight(published_dir)
   assert second["runs"] == [{**first["runs"][0], "as_of": first["written_at"]}]
   lost_runs.record_losses(published_dir, runs_dir, output_dir)
@@ -70,11 +71,16 @@ def test_a_look_at_a_machine_that_lost_the_runs_keeps_them_in_flight(tmp_path):
   # Once its folder is back (trained again), the next write lists it as it is now, with the
   # loss on record beside it, so a second loss keeps the first.
   os.makedirs(os.path.join(runs_dir, REL_KV))
-  lost_runs.write_in_flight(published_dir, runs_dir, output_dir,
-                            [{"run": REL_KV, "step": 20, "checkpoint": None, "num_steps": 800}])
+  lost_runs.write_in_flight(published_dir, output_dir,
+                            [{"run": REL_KV, "step": 20, "checkpoint": None, "num_steps": 800}],
+                            {REL_KV})
   assert _in_flight(published_dir)["runs"] == [{
       "run": REL_KV, "step": 20, "checkpoint": None, "num_steps": 800, "lost": [loss]
   }]
+  # A look at another row only keeps this one listed.
+  lost_runs.write_in_flight(published_dir, output_dir,
+                            [{"run": ABS, "step": 4, "checkpoint": None, "num_steps": 800}], {ABS})
+  assert [run["run"] for run in _in_flight(published_dir)["runs"]] == [ABS, REL_KV]
   again = str(tmp_path / "lost again")
   lost_runs.record_losses(published_dir, os.path.join(again, "runs"), again)
   first_loss, second_loss = lost_runs.read_losses(again)[REL_KV]
@@ -83,19 +89,19 @@ def test_a_look_at_a_machine_that_lost_the_runs_keeps_them_in_flight(tmp_path):
 
 def test_nothing_in_flight_writes_no_file_but_empties_one_there(tmp_path):
   published_dir, runs_dir, output_dir = _folders(tmp_path)
-  assert lost_runs.write_in_flight(published_dir, runs_dir, output_dir, []) is None
+  assert lost_runs.write_in_flight(published_dir, output_dir, [], set()) is None
   assert not os.path.exists(published_dir)
-  os.makedirs(os.path.join(runs_dir, REL_KV))
-  lost_runs.write_in_flight(published_dir, runs_dir, output_dir,
-                            [{"run": REL_KV, "step": 3, "checkpoint": 2, "num_steps": 8}])
-  path = lost_runs.write_in_flight(published_dir, runs_dir, output_dir, [])  # it finished
+  lost_runs.write_in_flight(published_dir, output_dir,
+                            [{"run": REL_KV, "step": 3, "checkpoint": 2, "num_steps": 8}], {REL_KV})
+  path = lost_runs.write_in_flight(published_dir, output_dir, [], {REL_KV})  # it finished
   assert _in_flight(published_dir)["runs"] == [] and path.endswith(lost_runs.IN_FLIGHT_FILE)
 
 
 def test_a_run_that_had_not_trained_is_not_lost(tmp_path):
   published_dir, runs_dir, output_dir = _folders(tmp_path)
-  lost_runs.write_in_flight(published_dir, runs_dir, output_dir,
-                            [{"run": REL_KV, "step": None, "checkpoint": None, "num_steps": 8}])
+  lost_runs.write_in_flight(published_dir, output_dir,
+                            [{"run": REL_KV, "step": None, "checkpoint": None, "num_steps": 8}],
+                            {REL_KV})
   assert lost_runs.record_losses(published_dir, runs_dir, output_dir) == []
   assert lost_runs.read_losses(output_dir) == {}
   assert not os.path.exists(os.path.join(output_dir, lost_runs.LOSSES_FILE))

@@ -103,3 +103,20 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   assert [(line.get_label(), list(line.get_ydata())) for line in entropy.get_lines()
          ] == [("layer 0, test", [1.0, 2.0]), ("layer 1, test", [0.5, 1.5]),
                ("layer 0, test_long", [2.0, 3.0]), ("layer 1, test_long", [0.5, 2.5])]
+
+
+def test_length_plots_leave_the_length_alone_split_off_their_length_axis(tmp_path, figures):
+  """test_long_seen's lengths are test_long's: its buckets would repeat them after test_long's
+  and move the dotted line; its BLEU is in table.md."""
+  runs = fake_results.length_runs()
+  for run in runs:
+    run["scores"]["test_long_seen"] = {"bleu": 60.0}
+    run["bleu_by_source_length"]["test_long_seen"] = {"13-15": 61.0, "16-20": 59.0}
+    run["oracle_length"]["test_long_seen"] = {"bleu": 62.0, "bleu_by_source_length": {}}
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": 5, "runs": runs}))
+  plots.plot_results(str(path), "out")
+  abs_panel = [ax for ax in figures["length_oracle.png"].axes if ax.get_visible()][0]
+  np.testing.assert_allclose(abs_panel.containers[0].lines[0].get_xdata(), range(4))
+  [boundary] = [line for line in abs_panel.get_lines() if line.get_linestyle() == ":"]
+  assert list(boundary.get_xdata()) == [1.5, 1.5]  # between test's 7-12 and test_long's 13-18

@@ -108,3 +108,13 @@ def test_a_restore_killed_midway_leaves_no_run_folder_and_is_done_again(tmp_path
   assert sorted(os.listdir(lost / results.RUNS_DIR)) == ["synthetic-ablation-abs-seed0"]
   assert os.path.exists(os.path.join(workdir, results.RESULT_FILE))
   assert os.listdir(os.path.join(workdir, "eval")) == ["t.txt"]
+
+
+def test_a_restore_records_where_it_came_from_within_its_repository(tmp_path):
+  """docs/results/<table>/results.json of a clone, wherever the clone lies; a file outside any
+  git work tree as given."""
+  published = tmp_path / "clone" / "docs" / "results" / "t" / "results.json"
+  published.parent.mkdir(parents=True)
+  assert results.repository_path(str(published)) == str(published)
+  (tmp_path / "clone" / ".git").mkdir()
+  assert results.repository_path(str(published)) == "docs/results/t/results.json"

@@ -701,3 +701,7 @@ def test_a_run_lost_in_flight_is_trained_again_and_the_table_says_so(finished_ta
   with open(os.path.join(lost_again, "runs", "synthetic-ablation-rel_kv-seed0", "result.json"),
             encoding="utf-8") as f:
     assert json.load(f)["lost"] == [loss]
+  runs_again = runner.table_runs("ablation", "synthetic", ["abs", "rel_kv"], [0], lost_again)
+  assert status.report("ablation", "synthetic", runs_again, lost_again).endswith(
+      "synthetic-ablation-rel_kv-seed0 (step 4 of 4 (checkpoint 4) as of "
+      f"{loss['as_of'][:16].replace('T', ' ')} UTC).")

@@ -176,6 +176,23 @@ def test_status_with_publish_to_writes_the_runs_in_flight_there(table, tmp_path)
   ]
 
 
+def test_a_table_that_stops_publishes_its_runs_in_flight(table, tmp_path):
+  """However the table ends (here refused before any work: its folder's configs are not ones
+  it made), its runs in flight go beside its results, for a restart after a loss."""
+  output_dir, _ = table
+  published_dir = str(tmp_path / "docs")
+  done = subprocess.run([
+      sys.executable, "-m", "relpos.experiments.run", "--table=ablation", "--task=synthetic",
+      "--rows=abs,rel_kv,none", "--seeds=2", "--order=seeds", f"--output_dir={output_dir}",
+      f"--publish_to={published_dir}"
+  ], cwd=ROOT, capture_output=True, text=True, check=False)
+  assert done.returncode == 1 and "Traceback" not in done.stderr
+  assert [
+      run["run"]
+      for run in json_files.read_json(os.path.join(published_dir, lost_runs.IN_FLIGHT_FILE))["runs"]
+  ] == ["synthetic-ablation-rel_kv-seed0", "synthetic-ablation-none-seed0"]
+
+
 def test_the_table_of_a_folder_is_read_from_its_run_names(table, tmp_path):
   output_dir, _ = table  # abs, rel_kv, none and rope of seed 0 have folders; t5's was replaced
   assert status.table_in_folder(output_dir) == {

@@ -88,13 +88,16 @@ def test_the_length_table_scores_test_long_seen_on_the_synthetic_task_unless_tol
                                   }  # the command line wins
   assert tables.with_table_fields("ablation", "synthetic", {"seed": 1}) == {"seed": 1}
   assert tables.with_table_fields("length", "multi30k") == {}
-  # A length run made so is made as its recipe; an ablation run so is not.
+  # A run with the split or without it is made as its recipe (an extra split changes no other
+  # result); another size of it is not.
   config = tables.one_run_config("abs", 0, "synthetic",
                                  tables.with_table_fields("length", "synthetic"))
   run = {"row": "abs", "seed": 0, "task": "synthetic", "config": config.to_dict()}
   assert tables.recipe_differences({**run, "table": "length"}) == []
-  assert tables.recipe_differences({**run, "table": "ablation"
-                                   }) == [("task.synthetic.num_test_long_seen", 0, 500)]
+  assert tables.recipe_differences({**run, "table": "ablation"}) == []
+  config.task.synthetic.num_test_long_seen = 1000
+  assert tables.recipe_differences({**run, "config": config.to_dict(), "table": "length"
+                                   }) == [("task.synthetic.num_test_long_seen", 500, 1000)]
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ loss is at least that.
 """
 import datetime
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from relpos import json_files
@@ -57,7 +57,7 @@ def read_losses(output_dir: str) -> dict[str, list[dict[str, Any]]]:
   return _read(os.path.join(output_dir, LOSSES_FILE), "a record of lost runs")
 
 
-def _merged(*losses: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def merged(*losses: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """`losses` joined, one per published progress ("as_of", "step": the same progress found
   missing twice is one loss on record), oldest first."""
   by_progress = {}
@@ -80,13 +80,14 @@ def _published_runs(path: str) -> tuple[str | None, list[dict[str, Any]]]:
   return published.get("written_at"), runs
 
 
-def write_in_flight(destination: str, runs_dir: str, output_dir: str,
-                    in_flight: Sequence[dict[str, Any]]) -> str | None:
+def write_in_flight(destination: str, output_dir: str, in_flight: Sequence[dict[str, Any]],
+                    settled: Collection[str]) -> str | None:
   """Writes IN_FLIGHT_FILE into `destination`: `in_flight` ({"run": name, "step", "checkpoint",
-  "num_steps"} of each begun, unfinished run) with each run's losses on record in `output_dir`
-  ("lost", where it has any), and the time. The runs the file listed before whose folders
-  `runs_dir` lacks stay listed as they were (with the time they were read): a look at a machine
-  that lost them, before the restart that records them, does not erase them.
+  "num_steps"} of each begun, unfinished run looked at) with each run's losses on record in
+  `output_dir` ("lost", where it has any), and the time. The runs the file listed before stay
+  listed as they were (with the time they were read) unless `settled` names them (finished, or
+  looked at now in their folders): a look at a machine that lost them, before the restart that
+  records them, or at some rows only, does not erase them.
 
   Returns:
     The file's path; None where there is nothing to write (no run in flight, no file).
@@ -98,9 +99,9 @@ def write_in_flight(destination: str, runs_dir: str, output_dir: str,
   losses = read_losses(output_dir)
   runs = [{**run, "lost": losses[run["run"]]} if run["run"] in losses else dict(run)
           for run in in_flight]
-  runs += [{"as_of": run.get("as_of", written_at), **run}
-           for run in earlier
-           if not os.path.exists(os.path.join(runs_dir, run["run"]))]
+  runs += [
+      {"as_of": run.get("as_of", written_at), **run} for run in earlier if run["run"] not in settled
+  ]
   os.makedirs(destination, exist_ok=True)
   json_files.write_json(path, {"written_at": _now(), "runs": runs}, indent=1)
   return path
@@ -131,7 +132,7 @@ def record_losses(published_dir: str, runs_dir: str, output_dir: str) -> list[st
       found.append(f"{name}: its folder is missing; it had reached {describe(loss)} "
                    f"({path}), and trains again from step 0.")
     if earlier:
-      losses[name] = _merged(losses.get(name, []), earlier)
+      losses[name] = merged(losses.get(name, []), earlier)
   if losses:
     os.makedirs(output_dir, exist_ok=True)
     json_files.write_json(os.path.join(output_dir, LOSSES_FILE), losses, indent=1)
@@ -143,7 +144,7 @@ def attach(runs: Sequence[dict[str, Any]], output_dir: str) -> None:
   `output_dir` records for it, beside those its result already holds ("lost")."""
   losses = read_losses(output_dir)
   for run in runs:
-    lost = _merged(run.get("lost", []), losses.get(os.path.basename(run["workdir"]), []))
+    lost = merged(run.get("lost", []), losses.get(os.path.basename(run["workdir"]), []))
     if lost:
       run["lost"] = lost
 

@@ -103,6 +103,15 @@ def _label_panels(axes: list, xlabel: str, ylabel: str) -> None:
     ax.set_ylabel(ylabel, fontsize=8)
 
 
+def _length_axis_splits(runs: list[dict]) -> list[str]:
+  """The held-out splits whose length buckets make a plot's x axis, in order: not validation,
+  and not the length-alone split (its lengths are test_long's, its BLEU is in table.md)."""
+  return [
+      s for s in verdicts.splits_in_order(runs)
+      if s not in ("validation", verdicts.LENGTH_ALONE_SPLIT)
+  ]
+
+
 def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
   """BLEU (mean ± std over seeds) against source length bucket (test splits in order), one
   panel per ablation row, the other rows in grey behind it.
@@ -111,7 +120,7 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     The path written, or None when the runs hold no per-length scores.
   """
   ablation_runs = [r for r in runs if r["table"] == "ablation"]
-  held_out = [s for s in verdicts.splits_in_order(ablation_runs) if s != "validation"]
+  held_out = _length_axis_splits(ablation_runs)
   buckets = [(s, b) for s in held_out for b in report_length.length_buckets(ablation_runs, s)]
   if not buckets:
     return None
@@ -193,7 +202,7 @@ def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
 def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], list[str]]:
   """(the length table's runs with diagnostics, their (split, bucket) points in order, rows)."""
   table = [r for r in runs if r["table"] == "length" and "oracle_length" in r]
-  held_out = [s for s in verdicts.splits_in_order(table) if s != "validation"]
+  held_out = _length_axis_splits(table)
   buckets = [(s, b) for s in held_out for b in report_length.length_buckets(table, s)]
   return table, buckets, verdicts.rows_in_order(table, "length")
 

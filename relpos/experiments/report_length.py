@@ -87,9 +87,8 @@ def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
   for row in rows:
     row_runs = verdicts.runs_of_row(runs, "length", row)
     cells = [row, str(len(row_runs))]
-    cells += [
-        verdicts.format_mean_std(verdicts.bleu_values(runs, "length", row, s)) for s in splits
-    ]
+    for values in (verdicts.bleu_values(runs, "length", row, s) for s in splits):
+      cells.append(verdicts.of_runs(verdicts.format_mean_std(values), len(values), len(row_runs)))
     cells += [
         verdicts.of_runs(format_values(values), len(values), len(row_runs))
         for format_values, values in ((verdicts.format_mean_std,

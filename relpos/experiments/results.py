@@ -236,6 +236,17 @@ def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: 
                      f"--restore_from={path} to bring them back, or publish elsewhere.")
 
 
+def repository_path(path: str) -> str:
+  """`path` relative to the root of the git work tree that holds it (a published table's
+  `docs/results/<table>/results.json`, the same in every clone), else as given."""
+  folder = os.path.dirname(os.path.abspath(path))
+  while not os.path.exists(os.path.join(folder, ".git")):
+    if os.path.dirname(folder) == folder:
+      return path
+    folder = os.path.dirname(folder)
+  return os.path.relpath(os.path.abspath(path), folder)
+
+
 def restore_published(published: str, output_dir: str, *, table: str, task: str) -> list[str]:
   """Writes back the result.json of each run of `task` that `published` (a table's
   results.json, e.g. the copy under docs/results/) holds finished and whose folder `output_dir`
@@ -243,7 +254,8 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
   training them again (and publishes them again, whichever rows it runs now; those of other
   tables that shared the folder too, as `check_publish_keeps` expects).
 
-  A restored result is the published one plus "restored": {"from": `published`, "at": UTC
+  A restored result is the published one plus "restored": {"from": `published` (its
+  `repository_path`), "at": UTC
   time, and for a run restored before, "earlier": [its earlier {"from", "at"}, oldest first]},
   with the test translations `publish` kept beside `published` back in its eval/ folder; its
   checkpoints and metrics were never published, so it cannot be evaluated again or resumed. A
@@ -268,7 +280,7 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
     if published_result["task"] != task or os.path.exists(workdir):
       continue  # (a folder, and so its results.json, may hold several tables of one task)
     result = {**published_result, "workdir": relative_workdir(workdir)}
-    result["restored"] = {"from": published, "at": now()}
+    result["restored"] = {"from": repository_path(published), "at": now()}
     if earlier := published_result.get("restored"):  # lost before: each loss stays on record
       result["restored"]["earlier"] = earlier.get(
           "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]

@@ -33,11 +33,13 @@ command with --status (or --output_dir alone with --status) to see where it stan
   python -m relpos.experiments.run --output_dir=$HOME/relpos-runs/multi30k --status
 """
 
+import os
 import sys
 from collections.abc import Sequence
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from relpos import cli
@@ -162,19 +164,26 @@ def main(argv: Sequence[str]) -> None:
   if _PARALLEL.value > 1:
     children.free_accelerator_memory()  # before any JAX call
 
-  def table() -> dict[str, object]:
-    outputs = runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
-                               output_dir=_OUTPUT_DIR.value, rows=_ROWS.value,
-                               overrides=overrides(), parallel=_PARALLEL.value, order=_ORDER.value,
-                               retrain_changed=_RETRAIN_CHANGED.value,
-                               stack_seeds=_STACK_SEEDS.value, restore_from=_RESTORE_FROM.value,
-                               publish_to=_PUBLISH_TO.value)
-    if _PUBLISH_TO.value:  # stopped or ended: its runs in flight beside its results
+  def publish_in_flight() -> None:
+    try:
       runs = runner.table_runs(_TABLE.value, _TASK.value,
                                runner.table_rows(_TABLE.value, _ROWS.value), range(_SEEDS.value),
                                _OUTPUT_DIR.value, _ORDER.value)
       status.publish_in_flight(_PUBLISH_TO.value, runs, _OUTPUT_DIR.value)
-    return outputs
+    except (OSError, ValueError) as e:  # never in the way of what the table itself reports
+      logging.warning("Could not publish the runs in flight to %s: %s", _PUBLISH_TO.value, e)
+
+  def table() -> dict[str, object]:
+    try:
+      return runner.run_table(_TABLE.value, task=_TASK.value, seeds=range(_SEEDS.value),
+                              output_dir=_OUTPUT_DIR.value, rows=_ROWS.value, overrides=overrides(),
+                              parallel=_PARALLEL.value, order=_ORDER.value,
+                              retrain_changed=_RETRAIN_CHANGED.value,
+                              stack_seeds=_STACK_SEEDS.value, restore_from=_RESTORE_FROM.value,
+                              publish_to=_PUBLISH_TO.value)
+    finally:  # ended, stopped (SIGTERM, Ctrl-C) or failed: its runs in flight beside its results
+      if _PUBLISH_TO.value and os.path.isdir(_OUTPUT_DIR.value):
+        publish_in_flight()
 
   outputs = cli.run(argv, table)  # Ctrl-C: "interrupted: saved step N ...; run ... again"
   print(outputs["table"])

@@ -207,26 +207,35 @@ def _time_left(statuses: Sequence[RunStatus], took: Sequence[float]) -> str:
 def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: str) -> str | None:
   """Writes `lost_runs.IN_FLIGHT_FILE` into `destination` (the table's --publish_to folder): the
   runs of `runs` begun and not finished, each with its last step and newest checkpoint, so that
-  a restart with --restore_from after the output folder is lost records them as trained again.
+  a restart with --restore_from after the output folder is lost records them as trained again;
+  the runs it listed before stay unless finished or among `runs` in their folders.
 
   Returns:
     The file's path; None where no run is in flight and none was published.
   """
+  statuses = [run_status(run) for run in runs]
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
+  finished = {
+      name for name in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
+      if os.path.exists(os.path.join(runs_dir, name, results.RESULT_FILE))
+  }
   return lost_runs.write_in_flight(
-      destination, runs_dir, output_dir,
+      destination, output_dir,
       [{"run": s.name, "step": s.step, "checkpoint": s.checkpoint, "num_steps": s.num_steps}
-       for s in map(run_status, runs)
-       if s.state in ("running", "stopped")])
+       for s in statuses
+       if s.state in ("running", "stopped")],
+      finished | {s.name for s in statuses if s.state != "not started"})
 
 
 def _lost_lines(runs: Sequence[runner.Run], output_dir: str) -> list[str]:
-  """A line naming each run of `runs` trained again from step 0 after its folder was lost."""
-  losses = lost_runs.read_losses(output_dir)
-  lost = [
-      f"{run.name} ({'; '.join(map(lost_runs.describe, losses[run.name]))})" for run in runs
-      if run.name in losses
-  ]
+  """A line naming each run of `runs` trained again from step 0 after its folder was lost (the
+  losses `lost_runs` records in `output_dir`, and a finished run's in its result)."""
+  losses, lost = lost_runs.read_losses(output_dir), []
+  for run in runs:
+    entry = results.read_result(run.result) if os.path.exists(run.result) else {}
+    recorded = lost_runs.merged(entry.get("lost", []), losses.get(run.name, []))
+    if recorded:
+      lost.append(f"{run.name} ({'; '.join(map(lost_runs.describe, recorded))})")
   return [
       "", "Trained again from step 0 after their folder was lost, each having reached: " +
       ", ".join(lost) + "."
