@@ -91,7 +91,7 @@ def test_readme_commands_name_files_that_exist():
 @pytest.mark.parametrize("page", readme_tables.DEFAULT_FILES)
 def test_results_tables_equal_their_sources(page):
   text = (ROOT / page).read_text(encoding="utf-8")
-  assert len(readme_tables.BLOCK.findall(text)) >= 3
+  assert readme_tables.BLOCK.findall(text)
   assert readme_tables.rebuild(text) == text, "run `python -m tools.readme_tables`"
 
 

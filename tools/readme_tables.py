@@ -1,7 +1,7 @@
-"""Rebuilds the results tables of the README and docs/results.md from the committed tables they
-come from (a table's table.md), so that no number there is copied by hand.
+"""Rebuilds the results tables of the README, docs/results.md and docs/length.md from the
+committed tables they come from (a table's table.md), so that no number there is copied by hand.
 
-  python -m tools.readme_tables [--check] [FILE ...]   (default FILE: README.md docs/results.md)
+  python -m tools.readme_tables [--check] [FILE ...]   (default FILE: those three)
 
 A generated table sits between two HTML comments that name its source and selection:
 
@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r"^<!-- table: (?P<spec>.*?) -->\n(?P<body>.*?)^<!-- /table -->$",
                    re.MULTILINE | re.DOTALL)
 HEADING = re.compile(r"^#+\s+(.*?)\s*$")
-DEFAULT_FILES = ("README.md", "docs/results.md")
+DEFAULT_FILES = ("README.md", "docs/results.md", "docs/length.md")
 
 
 def parse_spec(spec: str) -> dict:
