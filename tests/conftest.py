@@ -158,7 +158,10 @@ def figures(monkeypatch):
     return path
 
   monkeypatch.setattr(plots, "save", keep)
-  return made
+  yield made
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  for fig in made.values():  # the test has read them: free them, as `save` would have
+    plt.close(fig)
 
 
 @pytest.fixture(scope="session")
