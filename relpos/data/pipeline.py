@@ -55,13 +55,16 @@ SPLIT_NAMES = {
     "synthetic": synthetic.SPLITS, "multi30k": tuple(multi30k.SPLIT_STEMS), "wmt14": wmt14.SPLITS
 }
 
+# The splits a task's config may not make, and what makes each (`check_split` says it).
+SPLITS_MADE_BY = {"synthetic": synthetic.MADE_BY}
+
 
 def check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> None:
   """Raises ValueError, naming the allowed splits, if split (None: no split asked) is not one
   of them; the one wording for the data pipeline and `eval.py --split`."""
   if split is not None and split not in allowed:
-    made = (" (set task.synthetic.num_test_long_seen to make it)"
-            if split == "test_long_seen" and task_name == "synthetic" else "")
+    made = f" ({SPLITS_MADE_BY[task_name][split]})" if split in SPLITS_MADE_BY.get(task_name,
+                                                                                   {}) else ""
     raise ValueError(f"split={split!r} is not a split of task {task_name!r}{made}; allowed: "
                      f"{', '.join(allowed)}.")
 

@@ -50,6 +50,8 @@ PREPOSITIONS = ("near", "under", "behind", "in", "on", "with")
 DETERMINERS = ("the", "a")
 # Every split the task can have; test_long_seen only where num_test_long_seen > 0.
 SPLITS = ("train", "validation", "test", "test_long", "test_long_seen")
+# A split of SPLITS that a config may not make -> what makes it (said when one is asked for).
+MADE_BY = {"test_long_seen": "set task.synthetic.num_test_long_seen to make it"}
 MIN_SENTENCE_WORDS = 3  # "the dog sleeps"
 
 _SYLLABLES = tuple(c + v for c in "bdfgklmnprstvz" for v in "aeiou")

@@ -57,7 +57,7 @@ def read_losses(output_dir: str) -> dict[str, list[dict[str, Any]]]:
   return _read(os.path.join(output_dir, LOSSES_FILE), "a record of lost runs")
 
 
-def merged(*losses: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _merged(*losses: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """`losses` joined, one per published progress ("as_of", "step": the same progress found
   missing twice is one loss on record), oldest first."""
   by_progress = {}
@@ -132,7 +132,7 @@ def record_losses(published_dir: str, runs_dir: str, output_dir: str) -> list[st
       found.append(f"{name}: its folder is missing; it had reached {describe(loss)} "
                    f"({path}), and trains again from step 0.")
     if earlier:
-      losses[name] = merged(losses.get(name, []), earlier)
+      losses[name] = _merged(losses.get(name, []), earlier)
   if losses:
     os.makedirs(output_dir, exist_ok=True)
     json_files.write_json(os.path.join(output_dir, LOSSES_FILE), losses, indent=1)
@@ -144,7 +144,7 @@ def attach(runs: Sequence[dict[str, Any]], output_dir: str) -> None:
   `output_dir` records for it, beside those its result already holds ("lost")."""
   losses = read_losses(output_dir)
   for run in runs:
-    lost = merged(run.get("lost", []), losses.get(os.path.basename(run["workdir"]), []))
+    lost = _merged(run.get("lost", []), losses.get(os.path.basename(run["workdir"]), []))
     if lost:
       run["lost"] = lost
 

@@ -230,12 +230,16 @@ def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: 
 def _lost_lines(runs: Sequence[runner.Run], output_dir: str) -> list[str]:
   """A line naming each run of `runs` trained again from step 0 after its folder was lost (the
   losses `lost_runs` records in `output_dir`, and a finished run's in its result)."""
-  losses, lost = lost_runs.read_losses(output_dir), []
-  for run in runs:
-    entry = results.read_result(run.result) if os.path.exists(run.result) else {}
-    recorded = lost_runs.merged(entry.get("lost", []), losses.get(run.name, []))
-    if recorded:
-      lost.append(f"{run.name} ({'; '.join(map(lost_runs.describe, recorded))})")
+  entries = [{
+      **(results.read_result(run.result) if os.path.exists(run.result) else {}), "workdir":
+          run.workdir
+  } for run in runs]
+  lost_runs.attach(entries, output_dir)
+  lost = [
+      f"{run.name} ({'; '.join(map(lost_runs.describe, entry['lost']))})"
+      for run, entry in zip(runs, entries)
+      if entry.get("lost")
+  ]
   return [
       "", "Trained again from step 0 after their folder was lost, each having reached: " +
       ", ".join(lost) + "."
