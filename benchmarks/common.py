@@ -4,7 +4,6 @@ Timings on a shared machine are noisy, so every section times its variants side 
 `interleaved_medians` runs one call of each variant per round, for several rounds, and keeps the
 median per variant; ratios are taken between medians of the same run.
 """
-import datetime
 import os
 import platform
 import time
@@ -13,6 +12,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from relpos import json_files
 
 
 def block(tree: Any) -> Any:
@@ -72,7 +73,7 @@ def machine() -> dict[str, Any]:
       "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
       "cpu_count": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
       "backend": jax.default_backend(), "devices": [str(d.device_kind) for d in devices],
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+      "date": json_files.utc_now()
   }
 
 

@@ -1,6 +1,7 @@
-"""JSON, text and binary files written (or copied) whole or not at all, and JSON read with
-one-line errors."""
+"""JSON, text and binary files written (or copied) whole or not at all, JSON read with
+one-line errors, and the UTC time stamp such records carry."""
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -60,3 +61,9 @@ def read_json(path: str) -> Any:
       return json.load(f)
     except ValueError as e:
       raise ValueError(f"{path} is not valid JSON ({e}).") from None
+
+
+def utc_now() -> str:
+  """The current UTC time, ISO 8601 to the second: the time stamp of relpos's records
+  (`written_at`, `finished_at`, `restored.at`, `found_at`), e.g. "2026-11-28T11:30:00+00:00"."""
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

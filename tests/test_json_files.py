@@ -1,4 +1,5 @@
 """Tests for relpos.json_files: whole-or-nothing writes and copies, and one-line read errors."""
+import datetime
 import errno
 import os
 import shutil
@@ -126,3 +127,10 @@ def test_writers_on_several_hosts_never_share_a_temporary_file(tmp_path, monkeyp
   assert seen == ["tokenizer.model.tmp.host-a.1", "tokenizer.model.tmp.host-b.1"]
   monkeypatch.undo()
   assert open(path, "rb").read() == b"host-b" and os.listdir(tmp_path) == ["tokenizer.model"]
+
+
+def test_utc_now_is_iso_8601_utc_to_the_second():
+  stamp = json_files.utc_now()
+  parsed = datetime.datetime.fromisoformat(stamp)
+  assert parsed.utcoffset() == datetime.timedelta(0) and parsed.microsecond == 0
+  assert abs((datetime.datetime.now(datetime.timezone.utc) - parsed).total_seconds()) < 60

@@ -18,7 +18,6 @@ saved), "num_steps", "as_of": when IN_FLIGHT_FILE read them (UTC), "found_at": w
 found the folder missing}. Steps trained after IN_FLIGHT_FILE was written are not on record: the
 loss is at least that.
 """
-import datetime
 import os
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -27,10 +26,6 @@ from relpos import json_files
 
 IN_FLIGHT_FILE = "in_flight.json"
 LOSSES_FILE = "lost_runs.json"
-
-
-def _now() -> str:
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def _read(path: str, what: str) -> dict[str, Any]:
@@ -103,7 +98,7 @@ def write_in_flight(destination: str, output_dir: str, in_flight: Sequence[dict[
       {"as_of": run.get("as_of", written_at), **run} for run in earlier if run["run"] not in settled
   ]
   os.makedirs(destination, exist_ok=True)
-  json_files.write_json(path, {"written_at": _now(), "runs": runs}, indent=1)
+  json_files.write_json(path, {"written_at": json_files.utc_now(), "runs": runs}, indent=1)
   return path
 
 
@@ -127,7 +122,7 @@ def record_losses(published_dir: str, runs_dir: str, output_dir: str) -> list[st
     name, earlier = run["run"], run.get("lost", [])
     if run.get("step") and not os.path.exists(os.path.join(runs_dir, name)):
       loss = {key: run.get(key) for key in ("step", "checkpoint", "num_steps")}
-      loss |= {"as_of": run.get("as_of", written_at), "found_at": _now()}
+      loss |= {"as_of": run.get("as_of", written_at), "found_at": json_files.utc_now()}
       earlier = [*earlier, loss]
       found.append(f"{name}: its folder is missing; it had reached {describe(loss)} "
                    f"({path}), and trains again from step 0.")

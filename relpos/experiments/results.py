@@ -6,7 +6,6 @@ runs written back from it into an output folder that was lost (`restore_publishe
 A result records its run's workdir relative to the table's folder (`runs/<name>`); results
 written before that record it as an absolute path. `workdir_of` reads either.
 """
-import datetime
 import os
 import shutil
 from typing import Any
@@ -42,11 +41,6 @@ def environment() -> dict[str, Any]:
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       "host_cpu": metrics_writer.host_cpu()
   }
-
-
-def now() -> str:
-  """The current UTC time, ISO 8601 to the second."""
-  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def relative_workdir(workdir: str) -> str:
@@ -115,7 +109,7 @@ def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, A
   paired.annotate(runs, [workdir_of(run, output_dir) for run in runs])
   json_files.write_json(
       results_path, {
-          "schema_version": report.RESULTS_SCHEMA_VERSION, "written_at": now(),
+          "schema_version": report.RESULTS_SCHEMA_VERSION, "written_at": json_files.utc_now(),
           **environment(), "runs": runs
       }, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
@@ -280,7 +274,7 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
     if published_result["task"] != task or os.path.exists(workdir):
       continue  # (a folder, and so its results.json, may hold several tables of one task)
     result = {**published_result, "workdir": relative_workdir(workdir)}
-    result["restored"] = {"from": repository_path(published), "at": now()}
+    result["restored"] = {"from": repository_path(published), "at": json_files.utc_now()}
     if earlier := published_result.get("restored"):  # lost before: each loss stays on record
       result["restored"]["earlier"] = earlier.get(
           "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]

@@ -234,7 +234,7 @@ def run_one(table: str, row: str, seed: int, task: str, workdir: str,
         **evaluation,
         "config": json.loads(config.to_json()),
         "workdir": results.relative_workdir(workdir),
-        "environment": {**results.environment(), "finished_at": results.now()},
+        "environment": {**results.environment(), "finished_at": json_files.utc_now()},
     }
     json_files.write_json(os.path.join(workdir, results.RESULT_FILE), result, indent=1)
   return result
