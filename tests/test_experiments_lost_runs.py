@@ -47,6 +47,10 @@ def test_a_run_in_flight_whose_folder_is_gone_is_recorded_lost_once(tmp_path):
   assert loss["found_at"] >= written_at
   assert list(lost_runs.read_losses(output_dir)) == [REL_KV]
 
+  # A second restore before the run's folder exists again tells and records nothing new.
+  assert lost_runs.record_losses(published_dir, runs_dir, output_dir) == []
+  assert lost_runs.read_losses(output_dir)[REL_KV] == [loss]
+
   # The restart made the folder (training from step 0): found again, nothing more is recorded.
   os.makedirs(os.path.join(runs_dir, REL_KV))
   assert lost_runs.record_losses(published_dir, runs_dir, output_dir) == []

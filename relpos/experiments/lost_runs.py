@@ -110,7 +110,8 @@ def record_losses(published_dir: str, runs_dir: str, output_dir: str) -> list[st
 
   Returns:
     One line per run newly found lost: its name, the step and checkpoint it had reached, and
-    when that was read.
+    when that was read. A loss an earlier restore recorded is not told again (its folder may
+    still be missing when restores come one after another).
 
   Raises:
     ValueError: naming the file, when IN_FLIGHT_FILE or LOSSES_FILE cannot be read.
@@ -123,9 +124,11 @@ def record_losses(published_dir: str, runs_dir: str, output_dir: str) -> list[st
     if run.get("step") and not os.path.exists(os.path.join(runs_dir, name)):
       loss = {key: run.get(key) for key in ("step", "checkpoint", "num_steps")}
       loss |= {"as_of": run.get("as_of", written_at), "found_at": json_files.utc_now()}
-      earlier = [*earlier, loss]
-      found.append(f"{name}: its folder is missing; it had reached {describe(loss)} "
-                   f"({path}), and trains again from step 0.")
+      recorded = {(known["as_of"], known["step"]) for known in losses.get(name, [])}
+      if (loss["as_of"], loss["step"]) not in recorded:  # not found by an earlier restore
+        earlier = [*earlier, loss]
+        found.append(f"{name}: its folder is missing; it had reached {describe(loss)} "
+                     f"({path}), and trains again from step 0.")
     if earlier:
       losses[name] = _merged(losses.get(name, []), earlier)
   if losses:
