@@ -3,7 +3,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from relpos.data import pipeline
+from relpos.data import batching
 
 DATA_AXIS = "data"
 
@@ -29,6 +29,6 @@ def process_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     batch: name -> [rows, ...] arrays, rows divisible by the process count.
 
   Returns:
-    name -> [rows / process count, ...]: this process's block (`pipeline.shard_rows`).
+    name -> [rows / process count, ...]: this process's block (`batching.shard_rows`).
   """
-  return pipeline.shard_rows(batch, jax.process_index(), jax.process_count())
+  return batching.shard_rows(batch, jax.process_index(), jax.process_count())

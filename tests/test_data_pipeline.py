@@ -5,11 +5,11 @@ import re
 import shutil
 from collections import Counter
 
-import grain
 import numpy as np
 import pytest
 
 from configs import default
+from relpos.data import batching
 from relpos.data import datasets
 from relpos.data import pipeline
 from relpos.data import synthetic
@@ -158,7 +158,7 @@ def test_prefetching_changes_no_batch_and_no_saved_state(fixture, request, monke
 
 def test_bucketed_batches_group_lengths_and_cover_an_epoch(bucketed_task):
   iterator = bucketed_task.train_iterator(10, seed=0)
-  window = pipeline.BUCKET_WINDOW_BATCHES
+  window = batching.BUCKET_WINDOW_BATCHES
   batches = [next(iterator) for _ in range(2 * window)]
   lengths = set()
   for batch in batches:
@@ -218,7 +218,7 @@ def test_eval_batches_cover_the_whole_split_untruncated(data_dir):
   np.testing.assert_array_equal(indices, list(range(10)) + [-1, -1])
   sources, targets = task.source_texts("test_long"), task.target_texts("test_long")
   for batch in batches:
-    assert batch["inputs"].shape[1] % pipeline.LENGTH_MULTIPLE == 0
+    assert batch["inputs"].shape[1] % batching.LENGTH_MULTIPLE == 0
     for row, index in enumerate(batch["example_index"]):
       if index >= 0:
         assert task.tokenizer.decode(batch["inputs"][row]) == sources[index]
@@ -236,7 +236,7 @@ def test_eval_batches_are_padded_no_further_than_a_model_length_they_fit(data_di
   longest = [
       max(int(b[f"{k}_segmentation"].sum(1).max()) for k in pipeline.FEATURES) for b in unlimited
   ]
-  assert any(n % pipeline.LENGTH_MULTIPLE for n in longest)
+  assert any(n % batching.LENGTH_MULTIPLE for n in longest)
   fitting = list(task.eval_batches("test_long", 4, max_len=max(longest)))
   for batch, capped, n in zip(unlimited, fitting, longest):
     assert capped["inputs"].shape[1] == min(batch["inputs"].shape[1], max(longest))
@@ -325,7 +325,7 @@ def test_concat_probability_zero_is_the_pipeline_without_the_option(data_dir, ta
   def refuse(*args, **kwargs):
     raise AssertionError("concatenated called with concat_probability 0")
 
-  monkeypatch.setattr(pipeline, "concatenated", refuse)
+  monkeypatch.setattr(batching, "concatenated", refuse)
   before = pipeline.Task(config).train_iterator(8, seed=0)
   batches = [next(before) for _ in range(6)]
   _assert_same_batches(task.train_iterator(8, seed=0), batches)
@@ -355,30 +355,6 @@ def test_concatenated_examples_are_two_joined_pairs_at_the_rate(concat_task):
       joined += count
   # p = 0.5, less the pairs that would exceed max_length = 32 tokens (they stay alone).
   assert 0.1 < joined / segments.total() < 0.5
-
-
-def test_concatenated_joins_at_the_probability_and_respects_max_length():
-  rng = np.random.default_rng(0)
-  pairs = [{
-      "inputs": np.append(rng.integers(3, 50, n), 1).astype(np.int32),
-      "targets": np.append(rng.integers(3, 50, n + 1), 1).astype(np.int32)
-  } for n in rng.integers(1, 4, 50)]
-  source = grain.MapDataset.source(pairs)
-  stream = pipeline.concatenated(source.repeat(), source, 0.3, 32, seed=5)
-  lengths = [len(stream[i]["inputs"]) for i in range(4000)]
-  joined = np.mean([n != len(pairs[i % 50]["inputs"]) for i, n in enumerate(lengths)])
-  assert abs(joined - 0.3) < 0.03  # 4000 draws: standard deviation 0.007
-  first = next(i for i in range(100) if len(stream[i]["inputs"]) != len(pairs[i]["inputs"]))
-  element = stream[first]
-  again = pipeline.concatenated(source.repeat(), source, 0.3, 32, seed=5)[first]
-  np.testing.assert_array_equal(element["inputs"], again["inputs"])  # a function of the index
-  n = len(pairs[first]["inputs"]) - 1
-  np.testing.assert_array_equal(element["inputs"][:n], pairs[first]["inputs"][:n])
-  second = element["inputs"][n:]
-  assert any(np.array_equal(second, p["inputs"]) for p in pairs)
-  # A pair longer than max_length on a side stays alone: the shortest join has 5 targets.
-  short = pipeline.concatenated(source.repeat(), source, 1.0, 4, seed=5)
-  assert all(len(short[i]["targets"]) == len(pairs[i]["targets"]) for i in range(50))
 
 
 def _damage(folder, damage: str) -> None:

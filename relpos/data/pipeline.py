@@ -4,12 +4,10 @@
 tokenizer (trained on the train split on first use, cached beside the data) and returns a
 `Task`. TensorFlow is not needed: data is read with `builder.as_data_source()` and grain.
 
-Batches are dicts of int32 numpy arrays [batch, length] with the keys of BATCH_KEYS:
-"inputs", "targets" (token ids, PAD_ID padded), "inputs_position", "targets_position"
-(0-based, restarting per packed segment, 0 on padding), "inputs_segmentation",
-"targets_segmentation" (segment id 1, 2, ... per packed example, 0 on padding).
-Evaluation batches add "example_index" [batch]: the row's index in the split, -1 on the
-all-padding filler rows of the last batch.
+Batches are dicts of int32 numpy arrays [batch, length] with the keys of BATCH_KEYS, made by
+`relpos.data.batching` (which says what each key holds). Evaluation batches add
+"example_index" [batch]: the row's index in the split, -1 on the all-padding filler rows of
+the last batch.
 """
 
 import dataclasses
@@ -24,23 +22,17 @@ import numpy as np
 from absl import logging
 from google.protobuf import json_format
 
+from relpos.data import batching
 from relpos.data import datasets
 from relpos.data import multi30k
-from relpos.data import packing
 from relpos.data import synthetic
 from relpos.data import tokenizer as tokenizer_lib
 from relpos.data import wmt14
 
-BATCH_KEYS = ("inputs", "targets", "inputs_position", "targets_position", "inputs_segmentation",
-              "targets_segmentation")
-FEATURES = packing.FEATURES
-# Unpacked batches are padded to a multiple of this length (few shapes to compile).
-LENGTH_MULTIPLE = 16
-# Length bucketing sorts windows of this many batches by length before batching.
-BUCKET_WINDOW_BATCHES = 16
+BATCH_KEYS = batching.BATCH_KEYS
+FEATURES = batching.FEATURES
 # Examples tokenized at a time (tokenizing runs on several threads).
 CHUNK = 4096
-_NO_PREFETCH = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 # Training batches made ahead by a background thread while the device runs a step (reading
 # and packing are Python: about 14 ms a synthetic batch and 41 ms a Multi30K GPU-recipe batch
 # on 2 CPU cores, against 34 and 90 ms with grain's generic packer).
@@ -71,11 +63,6 @@ def check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> No
 
 def _text(value: bytes | str) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _bucket_length(length: int) -> int:
-  """The smallest multiple of LENGTH_MULTIPLE that is at least `length`."""
-  return -(-length // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
 
 
 class TokenizedPairs:
@@ -280,10 +267,10 @@ class Task:
     Packed (task.packing=True): each host shuffles its shard of the examples and packs them
     first-fit into rows of task.max_length tokens: batches [batch_size / shard_count,
     task.max_length]. Unpacked: length bucketing; every host builds the same global batches
-    from all examples (windows of BUCKET_WINDOW_BATCHES batches sorted by length) and takes
-    its contiguous block of rows (`shard_rows`), so all hosts agree on the length and any
-    number of hosts trains on the same global batches: [batch_size / shard_count, L], L a
-    multiple of LENGTH_MULTIPLE up to task.max_length.
+    from all examples (windows of batching.BUCKET_WINDOW_BATCHES batches sorted by length)
+    and takes its contiguous block of rows (`batching.shard_rows`), so all hosts agree on the
+    length and any number of hosts trains on the same global batches: [batch_size /
+    shard_count, L], L a multiple of batching.LENGTH_MULTIPLE up to task.max_length.
 
     Args:
       batch_size: the global batch size (rows), divisible by shard_count.
@@ -307,11 +294,11 @@ class Task:
     source = grain.MapDataset.source(examples)
     concat = self.config.get("concat_probability", 0.0)
     if self.config.packing:
-      dataset = _packed_batches(source[shard_index::shard_count], batch_size // shard_count,
-                                self.config.max_length, seed, concat)
+      dataset = batching.packed_batches(source[shard_index::shard_count], batch_size // shard_count,
+                                        self.config.max_length, seed, concat)
     else:
-      dataset = _bucketed_batches(source, batch_size, self.config.max_length, seed, shard_index,
-                                  shard_count, concat)
+      dataset = batching.bucketed_batches(source, batch_size, self.config.max_length, seed,
+                                          shard_index, shard_count, concat)
     return iter(
         grain.experimental.ThreadPrefetchIterDataset(dataset,
                                                      prefetch_buffer_size=TRAIN_PREFETCH_BATCHES))
@@ -328,124 +315,22 @@ class Task:
 
     Yields:
       Batches [batch_size, L] with the keys of BATCH_KEYS, L the batch's longest side rounded
-      up to a multiple of LENGTH_MULTIPLE (at most `max_len` where that fits), plus
+      up to a multiple of batching.LENGTH_MULTIPLE (at most `max_len` where that fits), plus
       "example_index" int32 [batch_size]: the row's index in the split, -1 on the filler rows
       of the last batch (all padding).
     """
     examples = self.eval_examples(split)
     for start in range(0, len(examples), batch_size):
       index = np.arange(start, min(start + batch_size, len(examples)))
-      batch = _pad_rows([examples[i] for i in index], batch_size, max_len)
+      batch = batching.pad_rows([examples[i] for i in index], batch_size, max_len)
       batch["example_index"] = np.full((batch_size,), -1, np.int32)
       batch["example_index"][:len(index)] = index
       yield batch
 
 
-def shard_rows(batch: dict[str, np.ndarray], shard_index: int,
-               shard_count: int) -> dict[str, np.ndarray]:
-  """Host `shard_index`'s contiguous block of the rows of a global batch: the rows its devices
-  hold in the global array, so that every process count assembles the same global batch (and
-  each row keeps its dropout mask)."""
-  return {k: np.split(np.asarray(v), shard_count)[shard_index] for k, v in batch.items()}
-
-
 def _truncate(ids: list[int], max_length: int) -> list[int]:
   """`ids` if it fits, else its first max_length - 1 ids and EOS_ID."""
   return ids if len(ids) <= max_length else ids[:max_length - 1] + [tokenizer_lib.EOS_ID]
-
-
-def _pad_rows(rows: Sequence[dict[str, np.ndarray]], num_rows: int,
-              max_length: int | None = None) -> dict[str, np.ndarray]:
-  """Unpacked batch [num_rows, L] of `rows` (then all-padding rows); L = the longest side
-  rounded up to a multiple of LENGTH_MULTIPLE, at most `max_length` when the rows fit it."""
-  longest = max(len(r[k]) for r in rows for k in FEATURES)
-  length = _bucket_length(longest)
-  if max_length and longest <= max_length:
-    length = min(length, max_length)
-  batch = {k: np.zeros((num_rows, length), np.int32) for k in BATCH_KEYS}
-  for i, row in enumerate(rows):
-    for key in FEATURES:
-      n = len(row[key])
-      batch[key][i, :n] = row[key]
-      batch[f"{key}_position"][i, :n] = np.arange(n)
-      batch[f"{key}_segmentation"][i, :n] = 1
-  return batch
-
-
-def _shuffled_stream(examples: grain.MapDataset, seed: int, concat_probability: float = 0.0,
-                     max_length: int = 0) -> grain.MapDataset:
-  """Endless stream of the examples, in a new seeded order every epoch; with
-  concat_probability > 0, some joined with another (`concatenated`)."""
-  stream = examples.seed(seed).shuffle().repeat()
-  if concat_probability > 0.0:
-    stream = concatenated(stream, examples, concat_probability, max_length, seed)
-  return stream
-
-
-def join_pair(first: dict[str, np.ndarray], second: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """One training pair of two: each side the first's tokens without its final EOS, then the
-  second's (int32 [n1 - 1 + n2])."""
-  def without_eos(ids: np.ndarray) -> np.ndarray:
-    return ids[:-1] if len(ids) and ids[-1] == tokenizer_lib.EOS_ID else ids
-
-  return {k: np.concatenate([without_eos(first[k]), second[k]]).astype(np.int32) for k in FEATURES}
-
-
-def concatenated(stream: grain.MapDataset, examples: grain.MapDataset, probability: float,
-                 max_length: int, seed: int) -> grain.MapDataset:
-  """Sentence concatenation (Kondo et al. 2021; Varis and Bojar 2021, "Sequence Length is a
-  Domain"): element i of `stream` is, with `probability`, joined (`join_pair`) with an example
-  of `examples` drawn uniformly, unless a side of the pair would exceed max_length tokens (then
-  it stays alone). Each element's draw comes from (seed, i) alone, so the stream stays a
-  MapDataset: checkpointed and resumed by its index like the plain one."""
-  def maybe_join(index: int, example: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng([seed, index, 0x636F6E63])  # "conc": not the shuffle's stream
-    if rng.random() >= probability:
-      return example
-    joined = join_pair(example, examples[int(rng.integers(len(examples)))])
-    return example if max(len(ids) for ids in joined.values()) > max_length else joined
-
-  return stream.map_with_index(maybe_join)
-
-
-def _packed_batches(examples: grain.MapDataset, rows: int, length: int, seed: int,
-                    concat_probability: float = 0.0) -> grain.IterDataset:
-  """First-fit packing into `rows` bins of `length` tokens per side; one batch per window
-  (an example that fits in no bin closes the batch and starts the next)."""
-  stream = _shuffled_stream(examples, seed, concat_probability, length)
-  return packing.FirstFitPackedBatches(stream.to_iter_dataset(_NO_PREFETCH), rows=rows,
-                                       length=length, seed=seed)
-
-
-class _Flatten(grain.experimental.FlatMapTransform):
-  """A window's list of batches -> the batches, one element each."""
-
-  max_fan_out = BUCKET_WINDOW_BATCHES
-
-  def flat_map(self, element: list) -> list:
-    return element
-
-
-def _bucketed_batches(examples: grain.MapDataset, batch_size: int, max_length: int, seed: int,
-                      shard_index: int, shard_count: int,
-                      concat_probability: float = 0.0) -> grain.IterDataset:
-  """Length-bucketed global batches (the same on every host), this host's rows of each."""
-  def sort_window(index: int, window: list[dict[str, np.ndarray]]) -> list[list]:
-    order = sorted(range(len(window)), key=lambda i: max(len(window[i][k]) for k in FEATURES))
-    batches = [[window[i]
-                for i in order[start:start + batch_size]]
-               for start in range(0, len(order), batch_size)]
-    permutation = np.random.default_rng([seed, index]).permutation(len(batches))
-    return [batches[i] for i in permutation]
-
-  def host_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return shard_rows(_pad_rows(rows, batch_size, max_length), shard_index, shard_count)
-
-  windows = (_shuffled_stream(examples, seed, concat_probability,
-                              max_length).batch(BUCKET_WINDOW_BATCHES * batch_size,
-                                                batch_fn=list).map_with_index(sort_window))
-  return grain.experimental.FlatMapIterDataset(windows.to_iter_dataset(_NO_PREFETCH),
-                                               _Flatten()).map(host_rows)
 
 
 @functools.lru_cache(maxsize=8)
