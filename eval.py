@@ -29,6 +29,7 @@ _BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Overrides decode.beam_size
 _ALPHA = flags.DEFINE_float("alpha", None, "Overrides decode.alpha of the run.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: <workdir>/eval.")
 _MULTIHOST = cli.define_multihost_flag()
+flags.adopt_module_key_flags(cli)  # --help lists --config, --import, --multihost
 
 
 def main(argv: list[str]) -> None:

@@ -21,6 +21,7 @@ _CONFIG = cli.define_config_flag(os.path.join(source_tree.ROOT, "configs", "defa
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the run (created or resumed).",
                                required=True)
 _MULTIHOST = cli.define_multihost_flag()
+flags.adopt_module_key_flags(cli)  # --help lists --config, --import, --multihost
 
 
 def main(argv: list[str]) -> None:

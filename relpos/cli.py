@@ -258,8 +258,11 @@ def define_config_flag(default: str) -> flags.FlagHolder:
   --config.<field>=value). Its default is loaded here, with the overrides of the command line,
   so their mistakes are one line here too."""
   with _mistakes_as_one_line(sys.argv):
-    return config_flags.DEFINE_config_file("config", default, "Config file (configs/*.py[:args]).",
-                                           lock_config=True)
+    return config_flags.DEFINE_config_file(
+        "config", default,
+        ("Config file (configs/*.py[:args]), e.g. configs/ablation.py:rel_k,multi30k; any field "
+         "is set with --config.<field>=value, e.g. --config.train.num_steps=2000."),
+        lock_config=True)
 
 
 def define_overrides_flag(config: ml_collections.ConfigDict, help_text: str) -> flags.FlagHolder:

@@ -4,6 +4,7 @@ import asyncio
 import gc
 import logging as python_logging
 import os
+import re
 import subprocess
 import sys
 import types
@@ -351,6 +352,20 @@ def test_train_py_finds_its_default_config_from_any_folder(tmp_path):
   ], cwd=tmp_path, capture_output=True, text=True, check=False)
   assert done.stderr.strip().splitlines()[-1] == ("error: config field train.num_steps=0 is "
                                                   "invalid: must be an integer >= 1.")
+
+
+@pytest.mark.parametrize("program, flags_listed", [
+    (["train.py"], ["--config", "--import", "--multihost", "--workdir"]),
+    (["eval.py"], ["--import", "--multihost", "--workdir", "--split", "--checkpoint"]),
+    (["-m", "relpos.experiments.run"], ["--import", "--set", "--table", "--rows", "--status"]),
+])
+def test_help_lists_the_flags_the_readme_names(program, flags_listed):
+  """--help shows the program's key flags only: those defined through relpos.cli (--config,
+  --import, --multihost) must be among them, not left to --helpfull."""
+  done = subprocess.run([sys.executable, *program, "--help"], cwd=ROOT, capture_output=True,
+                        text=True, check=False)  # absl's --help exits with status 1
+  listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", done.stdout, re.MULTILINE))
+  assert {flag.removeprefix("--") for flag in flags_listed} <= listed, done.stdout
 
 
 def test_imports_are_found_in_flagfiles_and_with_one_dash(tmp_path):

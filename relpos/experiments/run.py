@@ -101,6 +101,7 @@ _PARALLEL = flags.DEFINE_integer(
     "parallel", 1, "Runs at once: 1 trains them one after another in this process; N > 1 "
     f"starts each as a child process with {children.MEMORY_FRACTION}/N of the accelerator memory.",
     lower_bound=1)
+flags.declare_key_flag(_IMPORT)  # --help lists it (--config, the whole config, is left to --list)
 
 
 def listing() -> str:
