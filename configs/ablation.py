@@ -18,16 +18,20 @@ import ml_collections
 from relpos.experiments import tables
 
 
-def get_config(config_string: str = "rel_kv") -> ml_collections.ConfigDict:
+def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   """Returns the config of one row: `"<row>"` or `"<row>,<task>"`.
 
   Args:
     config_string: a row of `tables.ROWS` or `k=<int>`, optionally followed by `,` and a task
-      of `tables.TASKS` (default synthetic).
+      of `tables.TASKS` (default synthetic). Required: a file named without a row would train
+      some row the command does not say.
 
   Raises:
-    ValueError: for an unknown row or task, or too many parts.
+    ValueError: for no row, an unknown row or task, or too many parts.
   """
+  if not config_string:
+    raise ValueError("configs/ablation.py needs a row: configs/ablation.py:<row> or "
+                     f"configs/ablation.py:<row>,<task>; rows: {tables.row_names_text()}.")
   parts = config_string.split(",")
   if len(parts) > 2:
     raise ValueError(f"ablation config string {config_string!r}: expected '<row>' or "

@@ -50,6 +50,10 @@ MISTAKES = [
     ("unknown ablation row", {},
      ["train.py", "--workdir={tmp}/run", "--config=configs/ablation.py:foo"
      ], "error: flag --config=configs/ablation.py:foo: unknown ablation row 'foo'; allowed: abs, "),
+    ("ablation config without a row", {},
+     ["train.py", "--workdir={tmp}/run", "--config=configs/ablation.py"
+     ], "error: flag --config=configs/ablation.py: configs/ablation.py needs a row: "
+     "configs/ablation.py:<row> or configs/ablation.py:<row>,<task>; rows: abs, rel_kv, "),
     ("override of another type", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=train.num_steps=abc"
      ], "error: override train.num_steps='abc': the field holds int values, e.g. 1000."),

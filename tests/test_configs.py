@@ -118,6 +118,8 @@ def test_k_grid_is_the_papers():
      "unknown task 'iwslt'; allowed: synthetic, multi30k, multi30k_gpu, tiny, wmt14"),
     ("k=x", "k must be a non-negative integer"),
     ("rel_kv,synthetic,extra", "expected '<row>' or '<row>,<task>'"),
+    (None, "configs/ablation.py needs a row"),
+    ("", "configs/ablation.py needs a row"),
 ])
 def test_ablation_bad_strings(string, message):
   with pytest.raises(ValueError, match=message):

@@ -166,9 +166,15 @@ def row_overrides(row: str) -> dict[str, object]:
     if not k.isdigit():
       raise ValueError(f"row {row!r}: k must be a non-negative integer, e.g. 'k=4'.")
     return {**ROWS["rel_kv"], "max_relative_position": int(k)}
-  raise ValueError(f"unknown ablation row {row!r}; allowed: {', '.join((*ROWS, *own_variants))} "
-                   f"or k=<int> (the paper's grid: {', '.join(map(str, K_GRID))}); a variant of "
+  raise ValueError(f"unknown ablation row {row!r}; allowed: {row_names_text()}; a variant of "
                    f"your own: --import=<its module>.")
+
+
+def row_names_text() -> str:
+  """Every row a config can name, as errors list them: the rows of `ROWS`, the registered
+  variants' rows, and k=<int>."""
+  return (f"{', '.join((*ROWS, *variant_rows()))} or k=<int> (the paper's grid: "
+          f"{', '.join(map(str, K_GRID))})")
 
 
 def more_rows(table: str) -> tuple[str, ...]:
