@@ -373,7 +373,7 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     raise ValueError(f"checkpoint={checkpoint!r}: must be 'latest', 'best', a step number or "
                      f"'average:<N>' with N >= 2.")
   # Before the data is prepared; then against the splits the prepared data holds.
-  pipeline.check_split(split, config.task.name, pipeline.SPLIT_NAMES[config.task.name])
+  pipeline.check_split(split, config.task.name, pipeline.split_names(config.task))
   task = pipeline.get_task(config.task)
   metrics_writer.check_tokenizer(workdir, task.tokenizer.sha256(), task.tokenizer.path)
   user_modules.warn_of_edited_variant(metrics_writer.read_starts(workdir), config.model.position,

@@ -150,7 +150,7 @@ def test_download_through_loopback_server(raw_dir, tmp_path, serve):
   downloaded = tmp_path / "tfds" / "downloads" / "multi30k"
   assert sorted(os.listdir(downloaded)) == sorted(os.listdir(served))  # no temporaries left
   assert task.splits == ("train", "validation", "test_2016_flickr", "test_2017_mscoco")
-  assert set(task.splits) <= set(pipeline.SPLIT_NAMES["multi30k"])
+  assert set(task.splits) <= set(pipeline.split_names(task.config))
   assert len(task.source_texts("train")) == 300
   assert task.source_texts("test_2017_mscoco") == multi30k.read_lines(str(raw_dir / "val.en.gz"))
   # Prepared: a later run needs neither the server nor the downloads.

@@ -260,9 +260,11 @@ def test_subsets_say_what_each_held_out_split_holds(task):
 
 def test_task_api(task, data_dir):
   assert task.splits == ("train", "validation", "test", "test_long")
-  # Known before preparing: every split the task can have (test_long_seen where asked for).
-  assert task.splits + ("test_long_seen",) == pipeline.SPLIT_NAMES["synthetic"]
-  assert set(pipeline.SPLIT_NAMES) == set(pipeline._LOADERS)  # pylint: disable=protected-access
+  # Known before preparing: the splits the task's parameters make (test_long_seen where asked).
+  assert pipeline.split_names(task.config) == task.splits
+  with_seen = _task_config(data_dir, max_length=32)
+  with_seen.synthetic.num_test_long_seen = 10
+  assert pipeline.split_names(with_seen) == task.splits + ("test_long_seen",)
   assert len(task.source_texts("validation")) == len(task.target_texts("validation")) == 20
   assert pipeline.get_task(_task_config(data_dir, max_length=32)) is pipeline.get_task(
       _task_config(data_dir, max_length=32))

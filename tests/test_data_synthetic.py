@@ -133,7 +133,7 @@ def test_builder_writes_every_split_in_order_and_reports_the_fraction(tmp_path, 
   config = _task_config(tmp_path, num_test_long_seen=10)
   with caplog.at_level(logging.INFO):
     dataset = synthetic.load(config, str(tmp_path))
-  generated = synthetic.SyntheticParams(**config.synthetic.to_dict()).splits()
+  generated = synthetic.SyntheticParams.of(config).splits()
   assert dataset.splits == synthetic.SPLITS
   for split in synthetic.SPLITS:
     assert _pairs(dataset, split) == generated[split]  # stored in generation order

@@ -156,9 +156,14 @@ def test_bad_inputs_name_the_culprit(run, tmp_path, monkeypatch):
   with monkeypatch.context() as patched:  # a mistyped split is refused before data is prepared
     patched.setattr(pipeline, "get_task", lambda *_: pytest.fail("the task was prepared"))
     with pytest.raises(
-        ValueError, match="split='dev' is not a split of task 'synthetic'; "
-        "allowed: train, validation, test, test_long."):
+        ValueError, match=r"split='dev' is not a split of task 'synthetic'; "
+        r"allowed: train, validation, test, test_long\.$"):  # the splits this task makes
       evaluate.evaluate_checkpoint(workdir, split="dev")
+    with pytest.raises(
+        ValueError, match=r"split='test_long_seen' is not a split of task 'synthetic' \(set "
+        r"task.synthetic.num_test_long_seen to make it\); allowed: train, validation, test, "
+        r"test_long\.$"):
+      evaluate.evaluate_checkpoint(workdir, split="test_long_seen")
   with pytest.raises(FileNotFoundError, match="no checkpoint at step 5 in .*saved steps"):
     evaluate.evaluate_checkpoint(workdir, checkpoint=5, split="validation")
   for name in ("newest", "average:1", "400x"):  # refused before any data or checkpoint is read

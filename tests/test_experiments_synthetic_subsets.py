@@ -25,7 +25,7 @@ def _evaluated_run(tmp_path, translate, step: int = 12) -> str:
   os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
   config = run_config.validate(tiny.get_config())
   run_config.write_to(config, workdir)
-  splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
+  splits = synthetic.SyntheticParams.of(config.task).splits()
   for split in synthetic_subsets.SPLITS:
     targets = [t for _, t in splits[split]]
     hypotheses = translate(split, targets)
@@ -44,7 +44,7 @@ def _evaluated_run(tmp_path, translate, step: int = 12) -> str:
 
 def test_a_run_is_scored_on_each_subset(tmp_path):
   config = run_config.validate(tiny.get_config())
-  splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
+  splits = synthetic.SyntheticParams.of(config.task).splits()
   two_clauses = [synthetic.clause_count(s) == 2 for s, _ in splits["test_long"]]
   assert 0 < sum(two_clauses) < len(two_clauses)
 

@@ -41,14 +41,22 @@ TRAIN_PREFETCH_BATCHES = 2
 _LOADERS: dict[str, Callable[[ml_collections.ConfigDict, str], datasets.PairDataset]] = {
     "synthetic": synthetic.load, "multi30k": multi30k.load, "wmt14": wmt14.load
 }
-# The splits each task can have, known before its data is prepared (a prepared Multi30K has
-# its optional test splits only when their files were there: `Task.splits`).
-SPLIT_NAMES = {
-    "synthetic": synthetic.SPLITS, "multi30k": tuple(multi30k.SPLIT_STEMS), "wmt14": wmt14.SPLITS
-}
 
 # The splits a task's config may not make, and what makes each (`check_split` says it).
 SPLITS_MADE_BY = {"synthetic": synthetic.MADE_BY}
+
+
+def split_names(task_config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """The splits `task_config`'s task has, known before its data is prepared: a synthetic task's
+  those its parameters make; Multi30K's every split it can have (once prepared, its optional
+  test splits are there only where their files were: `Task.splits`); WMT14's three.
+
+  Raises:
+    ValueError: naming the field, for synthetic parameters that make no data.
+  """
+  if task_config.name == "synthetic":
+    return synthetic.SyntheticParams.of(task_config).split_names()
+  return {"multi30k": tuple(multi30k.SPLIT_STEMS), "wmt14": wmt14.SPLITS}[task_config.name]
 
 
 def check_split(split: str | None, task_name: str, allowed: Sequence[str]) -> None:

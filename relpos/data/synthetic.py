@@ -299,6 +299,11 @@ class SyntheticParams:
                        f"needs task.synthetic.long_min_words <= {SEEN_MAX_WORDS} (the longest "
                        f"sentence of seen constructions), not {self.long_min_words}.")
 
+  @classmethod
+  def of(cls, task_config: ml_collections.ConfigDict) -> "SyntheticParams":
+    """The parameters of a synthetic task's config (its `task.synthetic`), checked."""
+    return cls(**task_config.synthetic.to_dict())
+
   def fields(self) -> dict[str, int]:
     """The parameters; num_test_long_seen only where set (above 0), so that the parameters of a
     task without that split keep the name, and the data, they had before the split existed."""
@@ -365,7 +370,7 @@ class SyntheticTranslation(datasets.PairBuilder):
 
 def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
   """The synthetic dataset of `task_config.synthetic`, generated into `root` on first use."""
-  params = SyntheticParams(**task_config.synthetic.to_dict())
+  params = SyntheticParams.of(task_config)
   builder = datasets.prepared(
       lambda: SyntheticTranslation(config=SyntheticBuilderConfig(params), data_dir=root, file_format
                                    =datasets.FILE_FORMAT), datasets.prepare)

@@ -98,7 +98,7 @@ def run_subsets(workdir: str, checkpoint: str | None = None) -> dict[str, list[S
   if config.task.name != "synthetic":
     raise ValueError(f"{workdir} is a run of task {config.task.name!r}: the subsets are those "
                      "of the synthetic task.")
-  splits = synthetic.SyntheticParams(**config.task.synthetic.to_dict()).splits()
+  splits = synthetic.SyntheticParams.of(config.task).splits()
   train_pairs = set(splits["train"])
   language = config.task.target_lang
   checkpoint = checkpoint or config.decode.checkpoint
