@@ -191,6 +191,21 @@ def warn_of_edited_variant(starts: Sequence[dict[str, Any]], position: str, doin
         change[0][:12], change[1]["sha256"][:12], position, doing)
 
 
+def recorded_imports(workdir: str) -> list[str]:
+  """The modules a run recorded in `workdir/imports.json` ([] without the file), not imported.
+
+  Raises:
+    ValueError: naming the file, when it is not a JSON list of strings.
+  """
+  path = os.path.join(workdir, workdir_files.IMPORTS_FILE)
+  if not os.path.exists(path):
+    return []
+  specs = json_files.read_json(path)
+  if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
+    raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
+  return specs
+
+
 def import_recorded(workdir: str) -> None:
   """Imports the modules a run recorded in `workdir/imports.json` (none without the file),
   refusing any that lies inside the workdir. A recorded .py file that no longer exists is
@@ -202,17 +217,15 @@ def import_recorded(workdir: str) -> None:
       --import gave its module (saying how to pass it), or a module fails (naming it).
   """
   path = os.path.join(workdir, workdir_files.IMPORTS_FILE)
-  if not os.path.exists(path):
-    return
-  specs = json_files.read_json(path)
-  if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
-    raise ValueError(f"{path} must hold a JSON list of module names or .py paths.")
+  specs = recorded_imports(workdir)
   gone = [spec for spec in specs if _is_file(spec) and not os.path.isfile(spec)]
   for spec in gone:
     given = [m for m in _IMPORTED if _module_name(m) == _module_name(spec)]
     if not given:
-      raise ValueError(f"{path}: the run's module {spec} no longer exists; if it moved, pass "
-                       f"it where it is now: --import=<its .py path>.")
+      others = f" (--import gave {', '.join(_IMPORTED)})" if _IMPORTED else ""
+      raise ValueError(f"{path}: the run's module {spec} no longer exists{others}; if it moved, "
+                       f"pass it where it is now, still named {os.path.basename(spec)} (its "
+                       f"module's name): --import=<its folder>/{os.path.basename(spec)}.")
     logging.warning("%s: the run's module %s no longer exists; using %s, given with --import.",
                     path, spec, given[0])
   try:

@@ -69,6 +69,9 @@ def table(tmp_path):
   _run_folder(rel_kv0.workdir, trained=6, validated={2: 43.0, 4: 41.5, 6: 43.0}, saved=[2, 4, 6])
   _run_folder(none0.workdir, trained=4, validated={}, saved=[2])
   os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-rope-seed0"))
+  mine = os.path.join(output_dir, "runs", "synthetic-ablation-mine-seed0")  # a user's variant
+  os.makedirs(mine)
+  json_files.write_json(os.path.join(mine, workdir_files.IMPORTS_FILE), ["/x/mine.py"])
   os.makedirs(os.path.join(output_dir, "runs", "synthetic-ablation-t5-seed0.replaced-20261124"))
   return output_dir, runs
 
@@ -124,7 +127,8 @@ def test_report_says_whether_the_table_runs_and_lists_every_run_in_order(table, 
   assert lines[11].endswith(" The 5 runs not finished need about 7 h 30 min more (the finished "
                             "runs' median, 2 h 00 min a run, less the steps each has trained).")
   assert lines[-1] == (f"Also in {output_dir}/runs, not in these rows and seeds: "
-                       "synthetic-ablation-rope-seed0.")
+                       "synthetic-ablation-mine-seed0 (made with --import=/x/mine.py: add it to "
+                       "count its row), synthetic-ablation-rope-seed0.")
   assert status.report(
       "ablation", "synthetic", runs,
       output_dir).startswith(f"Table ablation on synthetic in {output_dir}: not running.\n")

@@ -91,10 +91,17 @@ def test_a_recorded_module_that_moved_is_taken_from_import_or_named(tmp_path, mo
   with pytest.raises(
       ValueError, match=(
           rf"^{imports}: the run's module {old} no longer exists; if it moved, pass it where it is "
-          r"now: --import=<its \.py path>\.$")):
+          r"now, still named moved_variant\.py \(its module's name\): "
+          r"--import=<its folder>/moved_variant\.py\.$")):
+    user_modules.import_recorded(str(workdir))
+  renamed = tmp_path / "new" / "renamed_variant.py"  # a copy under another name is not it
+  renamed.parent.mkdir()
+  renamed.write_text("HERE = True\n")
+  user_modules.import_modules([str(renamed)])
+  with pytest.raises(ValueError,
+                     match=rf"no longer exists \(--import gave {renamed}\); if it moved"):
     user_modules.import_recorded(str(workdir))
   new = tmp_path / "new" / "moved_variant.py"
-  new.parent.mkdir()
   new.write_text("HERE = True\n")
   user_modules.import_modules([str(new)])  # what --import does before the run's config is read
   user_modules.import_recorded(str(workdir))

@@ -28,6 +28,7 @@ from typing import Any
 
 from relpos import checkpoints
 from relpos import json_files
+from relpos import user_modules
 from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
@@ -287,5 +288,21 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
   others = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
                   if n not in planned and results.REPLACED_MARK not in n)
   if others:
-    lines += ["", f"Also in {runs_dir}, not in these rows and seeds: {', '.join(others)}."]
+    named = ", ".join(_other_run(runs_dir, name) for name in others)
+    lines += ["", f"Also in {runs_dir}, not in these rows and seeds: {named}."]
   return "\n".join(lines)
+
+
+def _other_run(runs_dir: str, name: str) -> str:
+  """`name`, a run folder outside the report's rows and seeds; where its row is a variant of
+  one's own that this process has not imported, with the modules its run recorded: the table's
+  command counts it only with them (--import)."""
+  parsed = run_names.parse_run_name(name)
+  if parsed is None or parsed.row in tables.ROWS or parsed.row in tables.variant_rows():
+    return name
+  try:
+    modules = user_modules.recorded_imports(os.path.join(runs_dir, name))
+  except ValueError:  # a damaged imports.json: the run itself will say so
+    return name
+  imports = " ".join(f"--import={module}" for module in modules)
+  return f"{name} (made with {imports}: add it to count its row)" if modules else name
