@@ -24,6 +24,7 @@ from relpos import prng
 from relpos import priority
 from relpos import source_tree
 from relpos import recorder
+from relpos import run_config
 from relpos import user_modules
 
 Result = TypeVar("Result")
@@ -155,6 +156,24 @@ def _errno_as_file(message: str) -> str:
   return _ERRNO.sub(r"\2: \1.", message)
 
 
+# Python's words for a --config.<field>=<value> that does not parse as the field's type (as
+# ml_collections passes them on) -> the user's.
+_UNPARSED_VALUE = {
+    re.compile(r"\('Non-boolean argument to boolean flag', .*\)$"): "not true or false",
+    re.compile(r"invalid literal for int\(\) with base 10: .*$"): "not an integer",
+    re.compile(r"could not convert string to float: .*$"): "not a number",
+}
+
+
+def _value_error_in_words(message: str) -> str:
+  """`message` ("flag --config.x=v: <Python's words>") in the user's words where it says a
+  value does not parse as its field's type: "--config.x=v: not an integer."."""
+  for words, meaning in _UNPARSED_VALUE.items():
+    if words.search(message):
+      return words.sub(f"{meaning}.", message.removeprefix("flag "))
+  return message
+
+
 def _one_line(error: Exception) -> str:
   """An error's message on one line: its first line's subject and its last line (the cause,
   when the message holds a traceback, as ml_collections' config file errors do)."""
@@ -185,8 +204,10 @@ def _unknown_field(argv: Sequence[str], error: LookupError | AttributeError) -> 
       for arg in argv[1:]
       if arg.startswith("--") and field in arg.split("=")[0].split(".")[1:]
   ]
+  path = given[0].removeprefix("--config.") if given else ""
+  there = run_config.SECTIONS.get(path.rsplit(".", 1)[0], {}) if "." in path else ()
   return (f"{given[0] if given else _config_file(argv)}: the config has no field {field!r}."
-          f"{fields.did_you_mean(close, given[0].removeprefix('--config.') if given else '')}")
+          f"{fields.did_you_mean(close, path, list(there))}")
 
 
 def _config_file(argv: Sequence[str]) -> str:
@@ -210,7 +231,7 @@ def _mistakes_as_one_line(argv: Sequence[str]) -> Iterator[None]:
   try:
     yield
   except (flags.Error, OSError) as e:
-    sys.exit(f"error: {_errno_as_file(_one_line(e))}")
+    sys.exit(f"error: {_value_error_in_words(_errno_as_file(_one_line(e)))}")
   except (LookupError, AttributeError) as e:  # ml_collections: an override of a missing field
     sys.exit(f"error: {_unknown_field(argv, e)}")
   except Exception as e:  # pylint: disable=broad-exception-caught

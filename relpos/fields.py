@@ -127,14 +127,19 @@ def close_names(name: str, known: Sequence[str]) -> list[str]:
 TYPO_RATIO = 0.9
 
 
-def did_you_mean(candidates: Sequence[str], path: str = "") -> str:
+def did_you_mean(candidates: Sequence[str], path: str = "", there: Sequence[str] = ()) -> str:
   """" Did you mean 'x'?" for the first of the names close to a mistyped one, appended to the
   message for a field that does not exist, and a hint at --import when the field's dotted
   `path` is under model. (a field of a position variant of the user's own, forgotten --import:
   `kerple_shared_across_layers` is close to `relative_shared_across_layers`), unless the name
-  is a typo of the first (difflib's ratio >= TYPO_RATIO: `num_head` for `num_heads`)."""
+  is a typo of the first (difflib's ratio >= TYPO_RATIO: `num_head` for `num_heads`). With no
+  close name, outside model., the fields `there` are (its section's: `train.lr` lists train's,
+  among them learning_rate)."""
   meant = f" Did you mean {candidates[0]!r}?" if candidates else ""
   typed = path.rsplit(".", 1)[-1]
+  if not candidates and there and not path.startswith("model."):
+    whose = f"{path.rsplit('.', 1)[0]}'s" if "." in path else "The config's"
+    return f" {whose} fields: {', '.join(sorted(there))}."
   if candidates and difflib.SequenceMatcher(None, typed, candidates[0]).ratio() >= TYPO_RATIO:
     return meant
   if path.startswith("model."):

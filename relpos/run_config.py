@@ -296,8 +296,8 @@ def set_fields(config: ml_collections.ConfigDict, dotted: Mapping[str, Any]) -> 
       raise ValueError(f"override {name!r}: {prefix} is a value, not a section of fields.")
     if part not in section:
       close = fields.close_names(part, list(section))
-      raise ValueError(
-          f"override {name!r}: no config field {part!r}.{fields.did_you_mean(close, name)}")
+      raise ValueError(f"override {name!r}: no config field {part!r}."
+                       f"{fields.did_you_mean(close, name, list(section))}")
 
   for name, value in dotted.items():
     parent = config

@@ -26,6 +26,20 @@ MISTAKES = [
      ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.train.num_step=1"
      ], "error: --config.train.num_step: the config has no field 'num_step'. "
      "Did you mean 'num_steps'?"),
+    ("config field named by another name", {},
+     ["train.py", "--workdir={tmp}/run", "--config=configs/tiny.py", "--config.train.lr=1e-3"
+     ], "error: --config.train.lr: the config has no field 'lr'. train's fields: adam_b1, "),
+    ("boolean field given another word", {}, [
+        "train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
+        "--config.model.relative_key=flase"
+    ], "error: --config.model.relative_key=flase: not true or false."),
+    ("integer field given a word", {}, [
+        "train.py", "--workdir={tmp}/run", "--config=configs/tiny.py",
+        "--config.train.num_steps=abc"
+    ], "error: --config.train.num_steps=abc: not an integer."),
+    ("override named by another name, experiments", {},
+     ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=train.lr=1e-3"
+     ], "error: override 'train.lr': no config field 'lr'. train's fields: adam_b1, adam_b2, "),
     ("misspelled override, experiments", {},
      ["-m", "relpos.experiments.run", "--output_dir={tmp}/out", "--set=trian.num_steps=1"
      ], "error: override 'trian.num_steps': no config field 'trian'. Did you mean 'train'?"),
