@@ -1,57 +1,12 @@
-"""Tests for relpos.experiments.verdicts: Welch's t-test and the findings' verdicts over seeds."""
+"""Tests for relpos.experiments.verdicts: the findings' verdicts over seeds (the tests behind
+them: test_experiments_significance.py)."""
 
-import math
-
-import pytest
 from scipy import stats
 
 from relpos.data import synthetic
 from relpos.experiments import report_length
 from relpos.experiments import verdicts
 import fake_results
-
-
-def test_mean_std():
-  assert verdicts.mean_std([1.0]) == (1.0, 0.0)
-  mean, std = verdicts.mean_std([1.0, 3.0])
-  assert mean == 2.0 and std == pytest.approx(2**0.5)
-
-
-def test_welch_against_the_closed_form():
-  # Equal sizes and variances: df = 2 (n - 1) = 4, where P(|T| < t) = x (3 - x^2) / 2 with
-  # x = t / sqrt(t^2 + 4), and the 97.5% quantile is 2.776445.
-  c = verdicts.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
-  se = math.sqrt(1 / 3 + 1 / 3)
-  x = 3 / se / math.sqrt((3 / se)**2 + 4)
-  assert c.difference == -3.0
-  assert c.p == pytest.approx(1 - x * (3 - x * x) / 2, rel=1e-6)
-  assert (c.low, c.high) == pytest.approx((-3 - 2.776445 * se, -3 + 2.776445 * se), rel=1e-6)
-  assert verdicts.welch([5.0, 5.0, 5.0], [5.0, 5.0, 5.0]).p == 1.0  # constant samples: exact
-  assert verdicts.welch([6.0, 6.0, 6.0], [5.0, 5.0, 5.0]) == (1.0, 1.0, 1.0, 0.0)
-
-
-def test_judge_reads_the_confidence_interval_against_the_bound():
-  noisy_high, noisy_low = [97.0, 99.0, 101.0], [95.0, 97.0, 99.0]  # 2 BLEU apart, std 2
-  verdict, statistics = verdicts.judge(noisy_high, noisy_low, gap=True, margin=1.0)
-  assert verdict == "inconclusive" and statistics.startswith("+2.0 [-2.5, +6.5], p = ")
-  assert verdicts.judge(noisy_low, noisy_high, gap=False, margin=1.0)[0] == "inconclusive"
-  tight_high, tight_low = [99.0, 99.1, 99.2], [96.0, 96.1, 96.2]
-  assert verdicts.judge(tight_high, tight_low, gap=True, margin=1.0)[0] == "yes"  # [+2.8, +3.2]
-  assert verdicts.judge(tight_high, tight_low, gap=True, margin=4.0)[0] == "no"  # all below 4
-  verdict, statistics = verdicts.judge(tight_low, tight_high, gap=False, margin=1.0)
-  assert verdict == "no" and statistics.startswith("-3.0 [-3.2, -2.8], p = ")
-  # A match holds when the whole interval lies above -margin, though not significant vs 0.
-  assert verdicts.judge([96.0, 96.2, 96.4], [96.1, 96.3, 96.5], gap=False, margin=1.0)[0] == "yes"
-  assert verdicts.judge(tight_low[:2], tight_high, gap=False,
-                        margin=1.0) == ("not enough seeds", "")
-
-
-def test_both_predictions_must_hold():
-  assert verdicts.both("yes", "yes") == "yes"
-  assert verdicts.both("yes", "no") == verdicts.both("inconclusive", "no") == "no"
-  assert verdicts.both("yes", "inconclusive") == verdicts.both("inconclusive",
-                                                               "yes") == "inconclusive"
-  assert verdicts.both("not enough seeds", "not enough seeds") == "not enough seeds"
 
 
 def _seeded(table, row, tests, *, k=None, longs=(30.0, 30.0, 30.0), speeds=(10.0, 10.0, 10.0)):
@@ -83,9 +38,13 @@ def test_findings_verdicts_with_three_seeds():
       "5.": "yes",  # a 6.5% drop, shown between 2% and 12%
       "6.": "yes",  # test_long 41 vs 11
   }
-  assert found["2b."][1].startswith("lowest k >= 1, k=1 51.0 ± 1.0, vs k=0 21.0 ± 1.0: +30.0")
-  assert found["3."][1].startswith("3 values of k; lowest k=16 59.0 ± 2.0 vs highest k=4 "
-                                   "61.0 ± 2.0: -2.0 [")
+  # Every k >= 1 against k=0, shown by the one nearest its bound; every pair of k >= 2, shown
+  # by the first that is not "yes" (the widest miss first).
+  assert found["2b."][1].startswith("4 values of k >= 1 vs k=0 21.0 ± 1.0; k=1 - k=0: +30.0 [")
+  assert found["3."][1].startswith("3 values of k (k=16 lowest, k=4 highest), 3 pairs; "
+                                   "k=16 - k=4: -2.0 [")
+  assert found["4b."][1].startswith("rel_v 31.0 ± 1.0 vs the midpoint of rel_kv 61.0 ± 1.0 and "
+                                    "none 21.0 ± 1.0: -10.0 [")
   # A significant step between two values of k is not flat; one value of k gives no verdict.
   steep = [r for r in runs if r["row"] != "k=16"] + _seeded("k_sweep", "k=16", [40.0, 40.5, 41.0],
                                                             k=16)
@@ -95,14 +54,51 @@ def test_findings_verdicts_with_three_seeds():
 
 
 def test_a_v_alone_recovers_nothing_where_rel_kv_gains_nothing():
-  """With rel_kv below none, half its gain is a negative margin: rel_v significantly below
-  none but by less would pass as recovering "most of it"."""
+  """With rel_kv below none, rel_v above the midpoint of the two is not "most of the gain":
+  there is none to recover."""
   runs = (_seeded("ablation", "rel_kv", [20.0, 21.0, 22.0]) +
           _seeded("ablation", "none", [30.0, 31.0, 32.0]) +
           _seeded("ablation", "rel_v", [27.0, 28.0, 29.0]))
   found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
-  assert found["4b."] == ("no", "rel_v 28.0 ± 1.0 vs none 31.0 ± 1.0: rel_kv gains nothing over "
-                          "none (-10.0) for a^V to recover")
+  assert found["4b."] == (
+      "no", "rel_v 28.0 ± 1.0 vs the midpoint of rel_kv 21.0 ± 1.0 and none 31.0 ± 1.0: +2.0 "
+      "[+0.04, +4.0], p = 0.047; rel_kv over none, a gain to recover: -10.0 [-12.3, -7.7], "
+      "p = 0.00026 (no)")
+
+
+def test_a_noisy_row_is_judged_not_only_the_rows_of_extreme_means():
+  """2b and 3 are about every k, not the lowest- and highest-mean rows alone: a noisy row of a
+  middle mean can leave them unshown."""
+  runs = (_seeded("k_sweep", "k=0", [90.0, 90.5, 89.5], k=0) +
+          _seeded("k_sweep", "k=1", [96.0, 96.2, 95.8], k=1) +
+          _seeded("k_sweep", "k=2", [98.0, 98.1, 97.9], k=2) +
+          _seeded("k_sweep", "k=4", [97.5, 97.6, 97.4], k=4) +
+          _seeded("k_sweep", "k=64", [90.5, 99.9, 99.6], k=64))
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  # k=1 - k=0 is +6.0 [+4.9, +7.1], but k=64 - k=0 straddles +1.
+  assert found["2b."][0] == "inconclusive" and "; k=64 - k=0: +6.7 [" in found["2b."][1]
+  # k=4 - k=2 is -0.5 [-0.7, -0.3], but k=64's spread leaves its pairs unshown.
+  assert found["3."][0] == "inconclusive" and "; k=64 - k=2: " in found["3."][1]
+
+
+def test_a_v_alone_is_judged_with_the_spread_of_all_three_rows():
+  """rel_v far above a midpoint that rel_kv's spread leaves uncertain is not shown above it."""
+  runs = (_seeded("ablation", "rel_v", [70.0, 71.0, 69.0]) +
+          _seeded("ablation", "rel_kv", [60.0, 98.0, 80.0]) +
+          _seeded("ablation", "none", [37.0, 37.5, 36.5]))
+  verdict, evidence = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}["4b."]
+  assert verdict == "inconclusive" and evidence.startswith(
+      "rel_v 70.0 ± 1.0 vs the midpoint of rel_kv 79.3 ± 19.0 and none 37.0 ± 0.5: +11.8 [-11.4, ")
+
+
+def test_evidence_from_some_of_a_rows_runs_says_how_many():
+  runs = (_seeded("ablation", "abs", [50.0, 51.0, 52.0], longs=[10.0, 11.0, 12.0]) +
+          _seeded("ablation", "rel_kv", [60.0, 61.0, 62.0], longs=[40.0, 41.0, 42.0]) +
+          [fake_results.run_record("ablation", "abs", 3, 51.0, 11.0)])
+  del runs[-1]["scores"]["test_long"]  # scored before test_long existed
+  found = {f.split(" ")[0]: (v, e) for f, v, e in verdicts.findings(runs)}
+  assert found["6."][1].startswith("test_long rel_kv 41.0 ± 1.0 vs abs 11.0 ± 1.0 (3 of 4 runs)")
+  assert found["1."][1].startswith("rel_kv 61.0 ± 1.0 vs abs 51.0 ± 0.8:")
 
 
 def test_speed_is_judged_only_on_runs_timed_alone():
@@ -202,33 +198,10 @@ def test_the_length_alone_subset_is_the_synthetic_tasks():
   assert verdicts.LENGTH_ALONE_SUBSET == synthetic.SEEN_CONSTRUCTIONS
 
 
-def test_paired_t_test_against_scipy():
-  """One row decoded two ways: the runs' differences, not two independent samples."""
-  a, b = [30.0, 27.5, 33.0, 29.0], [28.0, 26.0, 30.5, 28.0]
-  c = verdicts.paired(a, b)
-  expected = stats.ttest_rel(a, b)
-  interval = expected.confidence_interval(0.95)
-  assert (c.difference, c.low, c.high, c.p) == pytest.approx(
-      (1.75, interval.low, interval.high, expected.pvalue))
-  assert c.p < verdicts.welch(a, b).p  # the spread between runs cancels
-  assert verdicts.paired([2.0, 3.0], [1.0, 2.0]) == (1.0, 1.0, 1.0, 0.0)
-  assert verdicts.paired([2.0, 3.0], [2.0, 3.0]) == (0.0, 0.0, 0.0, 1.0)
-  with pytest.raises(ValueError):
-    verdicts.paired([1.0, 2.0, 3.0], [1.0, 2.0])
-
-
 def test_a_mean_of_some_of_a_rows_runs_says_how_many():
   assert verdicts.format_mean_std_of([40.0, 42.0], 3) == "41.0 ± 1.4 (2 of 3 runs)"
   assert verdicts.format_mean_std_of([40.0, 42.0, 41.0], 3) == "41.0 ± 1.0"
   assert verdicts.format_mean_std_of([], 3) == "–"
-
-
-def test_p_values_never_round_across_the_significance_level():
-  assert verdicts.format_p(0.0496) == "0.0496"  # 0.05 would read as not below it
-  assert verdicts.format_p(0.04996) == "0.04996" and verdicts.format_p(0.049951) == "0.04995"
-  assert verdicts.format_p(0.0504) == "0.05"  # not below the level, as its p
-  assert verdicts.format_p(0.062) == "0.062" and verdicts.format_p(6.6e-05) == "6.6e-05"
-  assert verdicts.format_p(0.5) == "0.5" and verdicts.format_p(1.0) == "1"
 
 
 def test_a_drop_under_the_margin_has_no_recovered_share():

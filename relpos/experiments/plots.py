@@ -18,6 +18,7 @@ from relpos.experiments import paper
 from relpos.experiments import report
 from relpos.experiments import report_length
 from relpos.experiments import tables
+from relpos.experiments import significance
 from relpos.experiments import verdicts
 
 
@@ -61,7 +62,7 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
               for k in ks]
     points = [(k, v) for k, v in points if v]
     if points:
-      stats = [verdicts.mean_std(v) for _, v in points]
+      stats = [significance.mean_std(v) for _, v in points]
       ax.errorbar([k for k, _ in points], [m for m, _ in stats], yerr=[s for _, s in stats],
                   fmt=style, capsize=3, label=f"relpos, {split}")
   ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:", marker="x",
@@ -170,7 +171,7 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
           by_step[step].append(bleu)
     steps = sorted(by_step)
     means, stds = (
-        np.array(column) for column in zip(*(verdicts.mean_std(by_step[s]) for s in steps)))
+        np.array(column) for column in zip(*(significance.mean_std(by_step[s]) for s in steps)))
     color = f"C{index % 10}"
     ax.plot(steps, means, marker=".", color=color, label=row)
     ax.fill_between(steps, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
@@ -190,7 +191,7 @@ def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]],
   for x, (split, bucket) in enumerate(buckets):
     values = [v for v in (value(r, split, bucket) for r in runs) if v is not None]
     if values:
-      points.append((x, *verdicts.mean_std(values)))
+      points.append((x, *significance.mean_std(values)))
   return tuple(np.array(column) for column in zip(*points)) if points else ((), (), ())
 
 

@@ -60,6 +60,7 @@ from relpos.experiments import paper
 from relpos.experiments import report_length
 from relpos.experiments import report_runs
 from relpos.experiments import timing
+from relpos.experiments import significance
 from relpos.experiments import verdicts
 
 # Beside a row's steps/s when some of its runs were not timed alone (`timing.caveat`).
@@ -149,7 +150,7 @@ def _table_section(runs: list[dict], table: str) -> list[str]:
     untimed_mark = UNTIMED_MARK if any(timing.caveat(r, runs) for r in row_runs) else ""
     cells += [
         paper_cell, f"{params[0]:,}" if params else "–",
-        f"{verdicts.mean_std(speed)[0]:.2f}{untimed_mark}" if speed else "–"
+        f"{significance.mean_std(speed)[0]:.2f}{untimed_mark}" if speed else "–"
     ]
     cell_rows.append(cells)
   lines = [f"## {table}", "", *markdown.table(header, cell_rows), ""]
@@ -231,12 +232,15 @@ def render_table(runs: list[dict]) -> str:
     return "\n".join(lines + each_run) + "\n"
   margin = verdicts.MARGIN_BLEU
   lines += [
-      "## The paper's findings, here", "", f"Each finding compares the per-seed values of two rows "
+      "## The paper's findings, here", "", f"Each finding compares the per-seed values of rows "
       f"({verdicts.main_test_split(runs)} BLEU unless it says otherwise) by Welch's t-test: "
-      f"difference of means [95% confidence interval], two-sided p. {verdicts.RULE} A "
-      f"predicted gap (2, 2b, 4b, 6) must reach {margin} BLEU (4b: half of rel_kv's gain "
-      f"over none); a predicted match (1, 3, 4a) may miss by {margin} BLEU; 5 predicts a drop "
-      f"within 5 points of the paper's. Rows with fewer than {verdicts.MIN_SEEDS} seeds get "
+      f"difference of means [95% confidence interval], two-sided p. {significance.RULE} A "
+      f"predicted gap (2, 2b: each k >= 1 over k=0, 6) must reach {margin} BLEU; a predicted "
+      f"match (1, 3: each pair of k >= 2, 4a) may miss by {margin} BLEU; 4b predicts rel_v "
+      f"above the midpoint of rel_kv and none (more than half of rel_kv's gain: the contrast "
+      f"rel_v - (rel_kv + none) / 2 above 0, its error from all three rows, Welch-Satterthwaite "
+      f"degrees of freedom) and rel_kv above none; 5 predicts a drop "
+      f"within 5 points of the paper's. Rows with fewer than {significance.MIN_SEEDS} seeds get "
       f"no verdict; 5 is judged only on runs timed alone (no other run of the table beside "
       f"them, the machine's load average at most its cores + 1 for "
       f"{1 - timing.LOADED_SHARE_LIMIT:.0%} of their timed steps).", "",

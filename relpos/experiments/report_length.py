@@ -5,6 +5,7 @@ subsets), and the length diagnostics of `relpos.experiments.diagnostics` by sour
 target position. `relpos.experiments.report` lays them out in table.md."""
 
 from relpos.experiments import markdown
+from relpos.experiments import significance
 from relpos.experiments import verdicts
 
 
@@ -110,7 +111,8 @@ def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
       f"their reference's length. Oracle length: beam search with eos "
       f"forbidden before the reference's length in target tokens and forced "
       f"at it (Newman et al. 2020). Drop recovered: (oracle {long} - {long}) / "
-      f"({test_split} - {long}) BLEU, per seed.", ""
+      f"({test_split} - {long}) BLEU, per seed (a seed whose drop is under "
+      f"{verdicts.MARGIN_BLEU} BLEU has no share, and the cell says of how many runs it is).", ""
   ]
 
 
@@ -266,13 +268,13 @@ def length_findings_lines(runs: list[dict]) -> list[str]:
       "## Length findings", "",
       f"Each finding compares per-seed values by Welch's t-test ((ii): the same runs decoded "
       f"two ways, by a paired t-test): difference of means [95% confidence interval], "
-      f"two-sided p. {verdicts.RULE} Each finding predicts a gap of at least "
+      f"two-sided p. {significance.RULE} Each finding predicts a gap of at least "
       f"{verdicts.MARGIN_BLEU} BLEU. (i) is also judged on the {long} sentences built only "
       f"of constructions seen in training ({verdicts.LENGTH_ALONE_SUBSET!r}: length alone) "
       f"where the runs score them{alone_split}. (ii) also gives "
       f"the share of the drop ({test_split} minus {long} BLEU) that oracle length recovers; "
       f"(iii) gives each intervention's change on {test_split} (its cost). Rows with fewer "
-      f"than {verdicts.MIN_SEEDS} seeds get no verdict.", "",
+      f"than {significance.MIN_SEEDS} seeds get no verdict.", "",
       *markdown.table(["finding", "holds", "evidence"],
                       [list(finding) for finding in verdicts.length_findings(runs)]), ""
   ]

@@ -12,6 +12,7 @@ from relpos.experiments import lost_runs
 from relpos.experiments import markdown
 from relpos.experiments import tables
 from relpos.experiments import timing
+from relpos.experiments import significance
 from relpos.experiments import verdicts
 
 EVERY_RUN = "every run"  # `recipe_lines`' settings of all runs, named first
@@ -66,7 +67,7 @@ def _bootstrap_cell(comparison: dict) -> str:
   at the least p its resamples can give, 1 / (1 + resamples) (the signature's `bs:N`)."""
   resamples = re.search(r"(?:^|\|)bs:(\d+)", comparison["signature"])
   at_floor = resamples and comparison["p_value"] <= 1 / (1 + int(resamples[1])) * (1 + 1e-9)
-  p = verdicts.format_p(comparison["p_value"])
+  p = significance.format_p(comparison["p_value"])
   return f"{comparison['difference']:+.1f} (p {'≤' if at_floor else '='} {p})"
 
 

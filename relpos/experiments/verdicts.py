@@ -7,29 +7,15 @@ the paper's findings (`findings`) and on the length table's (`length_findings`).
 Values are lists with one entry per run (seed) of a (table, row): [runs].
 """
 
-import math
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
-
-from scipy import stats
 
 from relpos.experiments import paper
+from relpos.experiments import significance
 from relpos.experiments import tables
 from relpos.experiments import timing
 
 # A predicted gap must be at least this many BLEU; a predicted match may miss by this much.
 MARGIN_BLEU = 1.0
-# Significance level of the Welch's t-tests behind the findings (95% confidence intervals).
-ALPHA = 0.05
-# Fewer seeds per row than this and a finding gets no verdict.
-MIN_SEEDS = 3
-# The verdict of a prediction whose 95% confidence interval straddles its bound (`judge`).
-INCONCLUSIVE = "inconclusive"
-# `judge`'s rule, as the tables state it.
-RULE = ("A prediction holds (yes) when the whole interval lies on its side of the prediction's "
-        "bound, fails (no) when the whole interval lies on the other side, and is inconclusive "
-        "when the interval straddles the bound: the seeds cannot tell. Each interval and p is "
-        "the finding's own, not corrected for the number of findings tested.")
 # The synthetic task's test_long sentences built only of constructions seen in training
 # (`relpos.data.synthetic.SEEN_CONSTRUCTIONS`, a subset of `bleu_by_subset`): length alone.
 LENGTH_ALONE_SUBSET = "seen constructions"
@@ -39,20 +25,11 @@ LENGTH_ALONE_SPLIT = "test_long_seen"
 RELATIVE_LENGTH_ROWS = ("rel_kv", "t5", "rope", "alibi", "fire")
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-  """Mean and sample standard deviation (0 for a single value)."""
-  mean = sum(values) / len(values)
-  if len(values) < 2:
-    return mean, 0.0
-  var = sum((v - mean)**2 for v in values) / (len(values) - 1)
-  return mean, math.sqrt(var)
-
-
 def format_mean_std(values: Sequence[float]) -> str:
   """"mean ± std" of values [n] to 0.1 ("mean" alone for one value, "–" for none)."""
   if not values:
     return "–"
-  mean, std = mean_std(values)
+  mean, std = significance.mean_std(values)
   return f"{mean:.1f} ± {std:.1f}" if len(values) > 1 else f"{mean:.1f}"
 
 
@@ -72,7 +49,7 @@ def format_percent(values: Sequence[float]) -> str:
   """"mean% ± std%" of shares [n] in 0..1, to 1% ("mean%" alone for one, "–" for none)."""
   if not values:
     return "–"
-  mean, std = mean_std(values)
+  mean, std = significance.mean_std(values)
   return f"{100 * mean:.0f}% ± {100 * std:.0f}%" if len(values) > 1 else f"{100 * mean:.0f}%"
 
 
@@ -80,7 +57,7 @@ def format_ratio(values: Sequence[float]) -> str:
   """"mean ± std" of values [n] to 0.01 ("mean" alone for one value, "–" for none)."""
   if not values:
     return "–"
-  mean, std = mean_std(values)
+  mean, std = significance.mean_std(values)
   return f"{mean:.2f} ± {std:.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
@@ -167,104 +144,13 @@ def recovered_shares(runs: list[dict], test_split: str, long: str) -> list[float
   return shares
 
 
-class Comparison(NamedTuple):
-  """A t-test of mean(a) - mean(b): Welch's (`welch`) or paired (`paired`)."""
-  difference: float
-  low: float  # 95% confidence interval of the difference.
-  high: float
-  p: float  # two-sided p-value.
-
-
-def welch(a: Sequence[float], b: Sequence[float]) -> Comparison:
-  """Welch's t-test (unequal variances) of two samples of at least 2 values each.
-
-  When both samples are constant the difference is exact: p = 1 if it is 0, else 0.
-  """
-  (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
-  difference = mean_a - mean_b
-  var_a, var_b = std_a**2 / len(a), std_b**2 / len(b)  # squared standard errors
-  if var_a + var_b == 0:
-    return _t_test(difference, 0.0, 1.0)
-  df = (var_a + var_b)**2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-  return _t_test(difference, math.sqrt(var_a + var_b), df)
-
-
-def paired(a: Sequence[float], b: Sequence[float]) -> Comparison:
-  """Paired t-test of a[i] - b[i] (the same runs measured two ways), at least 2 pairs.
-
-  When the differences are constant they are exact: p = 1 if they are 0, else 0.
-  """
-  mean, std = mean_std([x - y for x, y in zip(a, b, strict=True)])
-  return _t_test(mean, std / math.sqrt(len(a)), len(a) - 1)
-
-
-def _t_test(difference: float, se: float, df: float) -> Comparison:
-  """The 95% interval and two-sided p of `difference` with standard error `se` on a t
-  distribution of `df` degrees of freedom; with no error (se 0) the difference is exact: p = 1
-  if it is 0, else 0."""
-  if se == 0:
-    return Comparison(difference, difference, difference, float(difference == 0))
-  half_width = float(stats.t.ppf(1 - ALPHA / 2, df)) * se
-  return Comparison(difference, difference - half_width, difference + half_width,
-                    float(2 * stats.t.sf(abs(difference) / se, df)))
-
-
-def format_p(p: float) -> str:
-  """p to 2 significant digits, or more where fewer would round it across ALPHA (0.0496 reads
-  0.0496 and 0.04996 reads 0.04996, not 0.05 beside a "yes")."""
-  digits = 2
-  while (float(text := f"{p:.{digits}g}") < ALPHA) != (p < ALPHA) and digits < 17:
-    digits += 1
-  return text
-
-
-def judge(
-    a: Sequence[float], b: Sequence[float], *, gap: bool, margin: float,
-    test: Callable[[Sequence[float], Sequence[float]], Comparison] = welch) -> tuple[str, str]:
-  """Verdict and statistics of a prediction about mean(a) - mean(b), from the 95% confidence
-  interval [low, high] of the difference against the prediction's bound (`margin` for a gap,
-  -`margin` for a match): "yes" when the whole interval lies at or above the bound, "no" when
-  it lies below it, "inconclusive" when it straddles it (the seeds cannot tell either way).
-
-  Args:
-    a, b: one value per seed (by `test`: `welch` for two sets of runs, `paired` for one set
-      measured two ways, a[i] and b[i] of the same run).
-    gap: True predicts a above b by at least `margin`; False predicts a no worse than b by
-      more than `margin` (a match).
-    margin: in the values' unit.
-
-  Returns:
-    ("yes" | "no" | INCONCLUSIVE | "not enough seeds" (fewer than MIN_SEEDS values in a or b),
-     "difference [95% CI], p" or "" without a test).
-  """
-  if min(len(a), len(b)) < MIN_SEEDS:
-    return "not enough seeds", ""
-  c = test(a, b)
-  bound = margin if gap else -margin
-  verdict = "yes" if c.low >= bound else "no" if c.high < bound else INCONCLUSIVE
-  return verdict, f"{c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}"
-
-
-def both(first: str, second: str) -> str:
-  """The verdict of two predictions that must both hold: "no" if either is, "yes" if both
-  are, else the first other verdict ("inconclusive", "not enough seeds")."""
-  if "no" in (first, second):
-    return "no"
-  return "yes" if first == second == "yes" else next(v for v in (first, second) if v != "yes")
-
-
-def _extreme_rows(rows: dict[str, list[float]]) -> tuple[str, str]:
-  """The rows of highest and lowest mean."""
-  by_mean = sorted(rows, key=lambda r: mean_std(rows[r])[0])
-  return by_mean[-1], by_mean[0]
-
-
 def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   """Checks each of the paper's findings against the runs, with the spread over seeds.
 
-  Every finding compares two sets of per-seed values by Welch's t-test (see `judge`); the
-  k-sweep findings compare rows of the k sweep only, and "flat for k >= 2" needs two values of
-  k at least.
+  Every finding compares sets of per-seed values by Welch's t-test (see `judge`): 2b each
+  k >= 1 against k=0, 3 each pair of k >= 2 (two values of k at least), 4b rel_v against the
+  midpoint of rel_kv and none (a contrast of three rows) with rel_kv above none; the k-sweep
+  findings compare rows of the k sweep only. A value from some of a row's runs says how many.
 
   Returns:
     (finding, verdict, evidence) triples; verdict is "yes", "no", "inconclusive" (`judge`),
@@ -277,74 +163,96 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   speed = lambda row: field_values(runs, "ablation", row, "steps_per_second")
   out = []
 
-  def check(finding, a, b, *, gap, margin=MARGIN_BLEU, evidence, needs=()):
-    """Judges the finding on values a against b (see `judge`); evidence() describes them.
-    "not run" when a, b or any list in `needs` is empty."""
-    if not (a and b and all(needs)):
+  def shown(row: str, values: list[float], table: str = "ablation") -> str:
+    """`row values` as evidence: mean ± std, with how many of the row's runs they come from
+    when not all."""
+    return f"{row} {format_mean_std_of(values, len(runs_of_row(runs, table, row)))}"
+
+  def check(finding, a, b, *, gap, margin=MARGIN_BLEU, evidence):
+    """Judges the finding on values a against b (see `judge`); evidence() describes them."""
+    if not (a and b):
       out.append((finding, "not run", "–"))
       return
-    verdict, statistics = judge(a, b, gap=gap, margin=margin)
+    verdict, statistics = significance.judge(a, b, gap=gap, margin=margin)
     out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "")))
 
   rel, ab, none_ = bleu("rel_kv"), bleu("abs"), bleu("none")
   check(f"1. relative matches or beats absolute ({test_split} BLEU)", rel, ab, gap=False,
-        evidence=lambda: f"rel_kv {format_mean_std(rel)} vs abs {format_mean_std(ab)}")
+        evidence=lambda: f"{shown('rel_kv', rel)} vs {shown('abs', ab)}")
   check("2. no position information collapses quality", rel, none_, gap=True,
-        evidence=lambda: f"rel_kv {format_mean_std(rel)} vs none {format_mean_std(none_)}")
+        evidence=lambda: f"{shown('rel_kv', rel)} vs {shown('none', none_)}")
   sweep = {r: bleu(r, "k_sweep") for r in rows_in_order(runs, "k_sweep")}
   k_of = lambda row: int(row.split("=")[1])
-  positive = {r: v for r, v in sweep.items() if k_of(r) >= 1}
-  lowest = _extreme_rows(positive)[1] if positive else None
-  k0 = sweep.get("k=0", [])
-  check(
-      "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)",
-      positive.get(lowest, []), k0, gap=True,
-      evidence=lambda: f"lowest k >= 1, {lowest} {format_mean_std(positive[lowest])}, "
-      f"vs k=0 {format_mean_std(k0)}")
-  flat = {r: v for r, v in sweep.items() if k_of(r) >= 2}
-  high, low = _extreme_rows(flat) if len(flat) >= 2 else (None, None)
-  check(
-      "3. quality is flat for k >= 2", flat.get(low, []), flat.get(high, []), gap=False,
-      evidence=lambda: f"{len(flat)} values of k; lowest {low} {format_mean_std(flat[low])} vs "
-      f"highest {high} {format_mean_std(flat[high])}")
+  finding_2b = "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)"
+  positive = [(f"{r} - k=0", v, sweep["k=0"]) for r, v in sweep.items() if k_of(r) >= 1 and v]
+  if positive and sweep.get("k=0"):
+    verdict, statistics = significance.judge_each(positive, gap=True, margin=MARGIN_BLEU)
+    out.append(
+        (finding_2b, verdict, f"{len(positive)} values of k >= 1 vs "
+         f"{shown('k=0', sweep['k=0'], 'k_sweep')}" + (f"; {statistics}" if statistics else "")))
+  else:
+    out.append((finding_2b, "not run", "–"))
+  # Each pair of k >= 2, lower mean first: within MARGIN_BLEU both ways (a symmetric interval
+  # of lower - higher at or above -MARGIN_BLEU ends at or below +MARGIN_BLEU).
+  flat = sorted(((r, v) for r, v in sweep.items() if k_of(r) >= 2 and v),
+                key=lambda item: significance.mean_std(item[1])[0])
+  pairs = [(f"{a} - {b}", va, vb) for i, (a, va) in enumerate(flat) for b, vb in flat[i + 1:]]
+  if pairs:
+    verdict, statistics = significance.judge_each(pairs, gap=False, margin=MARGIN_BLEU)
+    out.append(("3. quality is flat for k >= 2", verdict,
+                f"{len(flat)} values of k ({flat[0][0]} lowest, {flat[-1][0]} highest), "
+                f"{len(pairs)} pairs" + (f"; {statistics}" if statistics else "")))
+  else:
+    out.append(("3. quality is flat for k >= 2", "not run", "–"))
   rel_k, rel_v = bleu("rel_k"), bleu("rel_v")
   check("4a. a^K alone recovers all of it", rel_k, rel, gap=False,
-        evidence=lambda: f"rel_k {format_mean_std(rel_k)} vs rel_kv {format_mean_std(rel)}")
-  half = (mean_std(rel)[0] - mean_std(none_)[0]) / 2 if rel and none_ else 0.0
-  finding_4b = "4b. a^V alone recovers most of it"
-  evidence_4b = lambda: f"rel_v {format_mean_std(rel_v)} vs none {format_mean_std(none_)}"
-  if rel and rel_v and half <= 0 and min(len(rel), len(rel_v), len(none_)) >= MIN_SEEDS:
-    # A margin of half a loss would call rel_v below none "most of it".
-    out.append((finding_4b, "no", f"{evidence_4b()}: rel_kv gains nothing over none "
-                f"({2 * half:+.1f}) for a^V to recover"))
-  else:
-    check(finding_4b, rel_v, none_, gap=True, margin=half, needs=[rel],
-          evidence=lambda: f"{evidence_4b()}, more than half of rel_kv's gain ({half:.1f})")
+        evidence=lambda: f"{shown('rel_k', rel_k)} vs {shown('rel_kv', rel)}")
+  out.append(_most_of_the_gain(rel_v, rel, none_, shown))
   # About SPEED_DROP: rel_kv between `slowest` and `fastest` of abs's steps/s, both shown.
   slowest, fastest = 1 - paper.SPEED_DROP - 0.05, 1 - paper.SPEED_DROP + 0.05
   s_rel, s_abs = speed("rel_kv"), speed("abs")
   speed_finding = f"5. rel_kv costs about {paper.SPEED_DROP:.0%} of steps per second"
-  speed_evidence = lambda: (f"drop {1 - mean_std(s_rel)[0] / mean_std(s_abs)[0]:.1%} "
-                            f"({mean_std(s_rel)[0]:.2f} vs {mean_std(s_abs)[0]:.2f} steps/s)")
+  mean = lambda values: significance.mean_std(values)[0]
+  speed_evidence = lambda: (f"drop {1 - mean(s_rel) / mean(s_abs):.1%} ({mean(s_rel):.2f} vs "
+                            f"{mean(s_abs):.2f} steps/s)")
   untimed = timing.untimed_runs(runs, "ablation", ("rel_kv", "abs"))
   if not (s_rel and s_abs):
     out.append((speed_finding, "not run", "–"))
-  elif untimed and min(len(s_rel), len(s_abs)) >= MIN_SEEDS:
+  elif untimed and min(len(s_rel), len(s_abs)) >= significance.MIN_SEEDS:
     out.append((speed_finding, "not judged", f"{speed_evidence()}, not timed alone: {untimed}"))
   else:
-    not_slower = judge(s_rel, [slowest * s for s in s_abs], gap=False, margin=0.0)
-    not_faster = judge([fastest * s for s in s_abs], s_rel, gap=False, margin=0.0)
+    not_slower = significance.judge(s_rel, [slowest * s for s in s_abs], gap=False, margin=0.0)
+    not_faster = significance.judge([fastest * s for s in s_abs], s_rel, gap=False, margin=0.0)
     statistics = (f": rel_kv - {slowest:.0%} of abs {not_slower[1]}; {fastest:.0%} of abs - "
                   f"rel_kv {not_faster[1]}, in steps/s" if not_slower[1] else "")
-    out.append((speed_finding, both(not_slower[0], not_faster[0]),
+    out.append((speed_finding, significance.both(not_slower[0], not_faster[0]),
                 f"{speed_evidence()}, a drop of {1 - fastest:.0%} to {1 - slowest:.0%} "
                 f"predicted{statistics}"))
   long_rel, long_abs = bleu("rel_kv", split="test_long"), bleu("abs", split="test_long")
-  check(
-      "6. (later work) relative beats absolute on longer sentences", long_rel, long_abs, gap=True,
-      evidence=lambda: f"test_long rel_kv {format_mean_std(long_rel)} vs abs "
-      f"{format_mean_std(long_abs)}")
+  check("6. (later work) relative beats absolute on longer sentences", long_rel, long_abs, gap=True,
+        evidence=lambda: f"test_long {shown('rel_kv', long_rel)} vs "
+        f"{shown('abs', long_abs)}")
   return out
+
+
+def _most_of_the_gain(rel_v: list[float], rel: list[float], none_: list[float],
+                      shown: Callable[[str, list[float]], str]) -> tuple[str, str, str]:
+  """Finding 4b: a^V alone recovers most of rel_kv's gain over none: the contrast rel_v -
+  (rel_kv + none) / 2 above 0 (its variance from all three rows), and rel_kv above none (a
+  gain to recover)."""
+  finding = "4b. a^V alone recovers most of it"
+  if not (rel_v and rel and none_):
+    return finding, "not run", "–"
+  evidence = (f"{shown('rel_v', rel_v)} vs the midpoint of {shown('rel_kv', rel)} and "
+              f"{shown('none', none_)}")
+  if min(len(rel_v), len(rel), len(none_)) < significance.MIN_SEEDS:
+    return finding, "not enough seeds", evidence
+  above_midpoint, statistics = significance.verdict_of(
+      significance.contrast((rel_v, rel, none_), (1.0, -0.5, -0.5)), 0.0)
+  gain, gain_statistics = significance.judge(rel, none_, gap=True, margin=0.0)
+  if gain != "yes":
+    statistics += f"; rel_kv over none, a gain to recover: {gain_statistics} ({gain})"
+  return finding, significance.both(above_midpoint, gain), f"{evidence}: {statistics}"
 
 
 def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
@@ -368,57 +276,64 @@ def length_findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   bleu = lambda row, split: bleu_values(runs, "length", row, split)
   out = []
 
-  def check(finding, a, b, *, gap, evidence, after="", test=welch):
+  def check(finding, a, b, *, gap, evidence, after="", test=significance.welch):
     """Judges a against b (`judge`); evidence() describes them, `after` follows the test."""
     if not (a and b):
       out.append((finding, "not run", "–"))
       return
-    verdict, statistics = judge(a, b, gap=gap, margin=MARGIN_BLEU, test=test)
+    verdict, statistics = significance.judge(a, b, gap=gap, margin=MARGIN_BLEU, test=test)
     out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "") + after))
+
+  def shown(row: str, values: list[float]) -> str:
+    """`row values` as evidence, saying how many of the row's runs they come from if not all."""
+    return f"{row} {format_mean_std_of(values, len(runs_of_row(runs, 'length', row)))}"
 
   base = bleu("abs", long)
   for row in RELATIVE_LENGTH_ROWS:
     values = bleu(row, long)
     check(f"(i) {row} beats abs on {long} (Rosendahl et al. 2019)", values, base, gap=True,
-          evidence=lambda: f"{row} {format_mean_std(values)} vs abs {format_mean_std(base)}")
+          evidence=lambda: f"{shown(row, values)} vs {shown('abs', base)}")
   alone = lambda row: subset_bleu_values(runs, "length", row, long, LENGTH_ALONE_SUBSET)
   if alone("abs"):
     for row in RELATIVE_LENGTH_ROWS:
       values = alone(row)
-      check(
-          f"(i) {row} beats abs on {long}'s {LENGTH_ALONE_SUBSET} (length alone)", values,
-          alone("abs"), gap=True, evidence=lambda: f"{row} {format_mean_std(values)} vs abs "
-          f"{format_mean_std(alone('abs'))}")
+      check(f"(i) {row} beats abs on {long}'s {LENGTH_ALONE_SUBSET} (length alone)", values,
+            alone("abs"), gap=True,
+            evidence=lambda: f"{shown(row, values)} vs {shown('abs', alone('abs'))}")
   if base := bleu("abs", LENGTH_ALONE_SPLIT):
     for row in RELATIVE_LENGTH_ROWS:
       values = bleu(row, LENGTH_ALONE_SPLIT)
       check(f"(i) {row} beats abs on {LENGTH_ALONE_SPLIT} (length alone)", values, base, gap=True,
-            evidence=lambda: f"{row} {format_mean_std(values)} vs abs {format_mean_std(base)}")
+            evidence=lambda: f"{shown(row, values)} vs {shown('abs', base)}")
   for row in rows_in_order(runs, "length"):
     # The runs decoded both ways, paired run by run.
     row_runs = [r for r in runs_of_row(runs, "length", row) if long in r.get("oracle_length", {})]
     oracle = oracle_bleu(row_runs, long)
     plain = [r["scores"][long]["bleu"] for r in row_runs]
     share = recovered_shares(row_runs, test_split, long)
+    num_runs = len(runs_of_row(runs, "length", row))
     check(
-        f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True, test=paired,
-        evidence=lambda: (f"recovers {format_percent(share)} of the drop; oracle "
-                          f"{format_mean_std(oracle)} vs {format_mean_std(plain)}, paired"))
+        f"(ii) {row}: oracle length lifts {long}", oracle, plain, gap=True,
+        test=significance.paired, evidence=lambda:
+        (f"recovers {of_runs(format_percent(share), len(share), len(plain))} "
+         f"of the drop; oracle {format_mean_std_of(oracle, num_runs)} vs "
+         f"{format_mean_std_of(plain, num_runs)}, paired"))
   for row, base_row in tables.LENGTH_BASES:
     a, b = bleu(row, long), bleu(base_row, long)
     cost = _cost(bleu(row, test_split), bleu(base_row, test_split), test_split)
     check(f"(iii) {row} lifts {long} over {base_row}", a, b, gap=True,
-          evidence=lambda: f"{long} {row} {format_mean_std(a)} vs {base_row} {format_mean_std(b)}",
+          evidence=lambda: f"{long} {shown(row, a)} vs {shown(base_row, b)}",
           after=f"; change on {cost}")
   return out
 
 
 def _cost(a: Sequence[float], b: Sequence[float], split: str) -> str:
   """An intervention's change on `split` against its base: the difference of means, with its
-  95% interval and p where both have MIN_SEEDS values."""
+  95% interval and p where both have significance.MIN_SEEDS values."""
   if not (a and b):
     return f"{split}: not run"
-  if min(len(a), len(b)) < MIN_SEEDS:
-    return f"{split} {mean_std(a)[0] - mean_std(b)[0]:+.1f}"
-  c = welch(a, b)
-  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {format_p(c.p)}"
+  if min(len(a), len(b)) < significance.MIN_SEEDS:
+    return f"{split} {significance.mean_std(a)[0] - significance.mean_std(b)[0]:+.1f}"
+  c = significance.welch(a, b)
+  p = significance.format_p(c.p)
+  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {p}"
