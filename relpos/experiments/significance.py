@@ -39,7 +39,8 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 class Comparison(NamedTuple):
-  """A t-test of mean(a) - mean(b): Welch's (`welch`) or paired (`paired`)."""
+  """A t-test of mean(a) - mean(b), Welch's (`welch`) or paired (`paired`), or of a contrast of
+  several means (`contrast`)."""
   difference: float
   low: float  # 95% confidence interval of the difference.
   high: float
@@ -144,12 +145,13 @@ def judge_each(pairs: Sequence[tuple[str, Sequence[float], Sequence[float]]], *,
                margin: float) -> tuple[str, str]:
   """The verdict of a prediction that must hold for each pair (name, a, b) (`judge`): "no"
   where one fails, "yes" where all hold, else the first other verdict; with the name and
-  statistics of the pair that decides it (the first that fails, else the first not shown,
-  else the one nearest its bound)."""
+  statistics of the pair that decides it: of those that fail, else of those not shown, else of
+  all, the one whose interval reaches furthest past (or nearest to) the bound."""
   if any(min(len(a), len(b)) < MIN_SEEDS for _, a, b in pairs):
     return "not enough seeds", ""
   bound = margin if gap else -margin
-  judged = [(name, *verdict_of(welch(a, b), bound), welch(a, b).low) for name, a, b in pairs]
+  tests = [(name, welch(a, b)) for name, a, b in pairs]
+  judged = [(name, *verdict_of(c, bound), c.low) for name, c in tests]
   verdict = "yes"
   for _, each, _, _ in judged:
     verdict = both(verdict, each)
