@@ -51,6 +51,10 @@ def test_findings_verdicts_with_three_seeds():
   assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(steep))["3."] == "no"
   single = [r for r in runs if r["row"] not in ("k=4", "k=16")]
   assert dict((f.split(" ")[0], v) for f, v, _ in verdicts.findings(single))["3."] == "not run"
+  without_k0 = {
+      f.split(" ")[0]: v for f, v, _ in verdicts.findings([r for r in runs if r["row"] != "k=0"])
+  }
+  assert without_k0["2b."] == "not run" and without_k0["3."] == "inconclusive"
 
 
 def test_a_v_alone_recovers_nothing_where_rel_kv_gains_nothing():

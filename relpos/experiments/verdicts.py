@@ -184,12 +184,12 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
   sweep = {r: bleu(r, "k_sweep") for r in rows_in_order(runs, "k_sweep")}
   k_of = lambda row: int(row.split("=")[1])
   finding_2b = "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)"
-  positive = [(f"{r} - k=0", v, sweep["k=0"]) for r, v in sweep.items() if k_of(r) >= 1 and v]
-  if positive and sweep.get("k=0"):
+  k0 = sweep.get("k=0", [])
+  positive = [(f"{r} - k=0", v, k0) for r, v in sweep.items() if k_of(r) >= 1 and v]
+  if positive and k0:
     verdict, statistics = significance.judge_each(positive, gap=True, margin=MARGIN_BLEU)
-    out.append(
-        (finding_2b, verdict, f"{len(positive)} values of k >= 1 vs "
-         f"{shown('k=0', sweep['k=0'], 'k_sweep')}" + (f"; {statistics}" if statistics else "")))
+    out.append((finding_2b, verdict, f"{len(positive)} values of k >= 1 vs "
+                f"{shown('k=0', k0, 'k_sweep')}" + (f"; {statistics}" if statistics else "")))
   else:
     out.append((finding_2b, "not run", "–"))
   # Each pair of k >= 2, lower mean first: within MARGIN_BLEU both ways (a symmetric interval
