@@ -176,6 +176,15 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
     verdict, statistics = significance.judge(a, b, gap=gap, margin=margin)
     out.append((finding, verdict, evidence() + (f": {statistics}" if statistics else "")))
 
+  def check_each(finding, pairs, *, gap, evidence):
+    """Judges the finding on each (name, a, b) of `pairs` (see `judge_each`); evidence()
+    describes them. "not run" when there is no pair."""
+    if not pairs:
+      out.append((finding, "not run", "–"))
+      return
+    verdict, statistics = significance.judge_each(pairs, gap=gap, margin=MARGIN_BLEU)
+    out.append((finding, verdict, evidence() + (f"; {statistics}" if statistics else "")))
+
   rel, ab, none_ = bleu("rel_kv"), bleu("abs"), bleu("none")
   check(f"1. relative matches or beats absolute ({test_split} BLEU)", rel, ab, gap=False,
         evidence=lambda: f"{shown('rel_kv', rel)} vs {shown('abs', ab)}")
@@ -183,27 +192,21 @@ def findings(runs: list[dict]) -> list[tuple[str, str, str]]:
         evidence=lambda: f"{shown('rel_kv', rel)} vs {shown('none', none_)}")
   sweep = {r: bleu(r, "k_sweep") for r in rows_in_order(runs, "k_sweep")}
   k_of = lambda row: int(row.split("=")[1])
-  finding_2b = "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)"
   k0 = sweep.get("k=0", [])
-  positive = [(f"{r} - k=0", v, k0) for r, v in sweep.items() if k_of(r) >= 1 and v]
-  if positive and k0:
-    verdict, statistics = significance.judge_each(positive, gap=True, margin=MARGIN_BLEU)
-    out.append((finding_2b, verdict, f"{len(positive)} values of k >= 1 vs "
-                f"{shown('k=0', k0, 'k_sweep')}" + (f"; {statistics}" if statistics else "")))
-  else:
-    out.append((finding_2b, "not run", "–"))
+  positive = [(f"{r} - k=0", v, k0) for r, v in sweep.items() if k_of(r) >= 1 and v and k0]
+  check_each(
+      "2b. k = 0 collapses quality (below every k >= 1, within the k sweep)", positive, gap=True,
+      evidence=lambda: f"{len(positive)} values of k >= 1 vs "
+      f"{shown('k=0', k0, 'k_sweep')}")
   # Each pair of k >= 2, lower mean first: within MARGIN_BLEU both ways (a symmetric interval
   # of lower - higher at or above -MARGIN_BLEU ends at or below +MARGIN_BLEU).
   flat = sorted(((r, v) for r, v in sweep.items() if k_of(r) >= 2 and v),
                 key=lambda item: significance.mean_std(item[1])[0])
   pairs = [(f"{a} - {b}", va, vb) for i, (a, va) in enumerate(flat) for b, vb in flat[i + 1:]]
-  if pairs:
-    verdict, statistics = significance.judge_each(pairs, gap=False, margin=MARGIN_BLEU)
-    out.append(("3. quality is flat for k >= 2", verdict,
-                f"{len(flat)} values of k ({flat[0][0]} lowest, {flat[-1][0]} highest), "
-                f"{len(pairs)} pairs" + (f"; {statistics}" if statistics else "")))
-  else:
-    out.append(("3. quality is flat for k >= 2", "not run", "–"))
+  check_each(
+      "3. quality is flat for k >= 2", pairs, gap=False,
+      evidence=lambda: f"{len(flat)} values of k ({flat[0][0]} lowest, {flat[-1][0]} "
+      f"highest), {len(pairs)} pairs")
   rel_k, rel_v = bleu("rel_k"), bleu("rel_v")
   check("4a. a^K alone recovers all of it", rel_k, rel, gap=False,
         evidence=lambda: f"{shown('rel_k', rel_k)} vs {shown('rel_kv', rel)}")
