@@ -105,6 +105,12 @@ def test_an_interval_end_near_the_bound_keeps_the_digits_that_place_it():
   assert significance.verdict_of(significance.Comparison(2.0, 1.0, 3.0, 0.01), 1.0)[0] == "yes"
 
 
+def test_a_comparison_without_a_bound_reads_to_a_tenth():
+  c = significance.Comparison(3.0, 0.96, 5.04, 0.0123)
+  assert significance.describe(c) == "+3.0 [+1.0, +5.0], p = 0.012"
+  assert significance.describe(c, 1.0) == "+3.0 [+0.96, +5.0], p = 0.012"
+
+
 def test_a_prediction_about_each_pair_holds_only_where_every_pair_does():
   tight = lambda m: [m - 0.1, m, m + 0.1]
   noisy = [95.8, 99.8, 97.9]

@@ -125,15 +125,21 @@ def judge(
 def verdict_of(c: Comparison, bound: float) -> tuple[str, str]:
   """`judge`'s verdict and statistics of comparison `c` against `bound`."""
   verdict = "yes" if c.low >= bound else "no" if c.high < bound else INCONCLUSIVE
+  return verdict, describe(c, bound)
+
+
+def describe(c: Comparison, bound: float | None = None) -> str:
+  """"difference [95% CI], p = p" of comparison `c`, to 0.1 BLEU; with a verdict's `bound`, an
+  interval end within rounding of it keeps the digits that place it (`_interval_end`)."""
   interval = f"[{_interval_end(c.low, bound)}, {_interval_end(c.high, bound)}]"
-  return verdict, f"{c.difference:+.1f} {interval}, p = {format_p(c.p)}"
+  return f"{c.difference:+.1f} {interval}, p = {format_p(c.p)}"
 
 
-def _interval_end(end: float, bound: float) -> str:
+def _interval_end(end: float, bound: float | None) -> str:
   """An interval's end to 0.1, or to more digits where 0.1 would put it on or across the
   verdict's bound (0.96 against a bound of 1 reads +0.96, not +1.0 beside "inconclusive")."""
   digits = 1
-  while digits < 6:
+  while bound is not None and digits < 6:
     shown = float(f"{end:.{digits}f}")
     if (shown >= bound) == (end >= bound) and (shown != bound or end == bound):
       break

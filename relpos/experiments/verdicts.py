@@ -337,6 +337,4 @@ def _cost(a: Sequence[float], b: Sequence[float], split: str) -> str:
     return f"{split}: not run"
   if min(len(a), len(b)) < significance.MIN_SEEDS:
     return f"{split} {significance.mean_std(a)[0] - significance.mean_std(b)[0]:+.1f}"
-  c = significance.welch(a, b)
-  p = significance.format_p(c.p)
-  return f"{split} {c.difference:+.1f} [{c.low:+.1f}, {c.high:+.1f}], p = {p}"
+  return f"{split} {significance.describe(significance.welch(a, b))}"
