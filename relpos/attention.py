@@ -125,7 +125,8 @@ class MultiHeadAttention(nnx.Module):
     Args:
       inputs_q: [batch, q_len, model_dim]; [batch, 1, model_dim] when decoding with a cache.
       inputs_kv: [batch, kv_len, model_dim], or None for self-attention.
-      mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+      mask: None or bool [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len]; True = may
+        attend.
         With a cache kv_len is the cache length; keys after cache_index are masked in addition.
       query_positions: None (0..q_len-1) or integer [batch, q_len]. Must be None with a cache.
       key_positions: None or integer [batch, kv_len]; defaults to query_positions for

@@ -332,6 +332,27 @@ def test_invalid_arguments_raise():
     kernel.relative_dot_product_attention(q, q, q, query_positions=jnp.arange(4))
 
 
+@pytest.mark.parametrize(
+    "name, shape",
+    [
+        ("mask", (2, 3, 3)),  # [batch, q, k]: would be read as [heads, q, k]
+        ("mask", (3, 1, 3, 3)),  # batch 3 against 2: would grow the output's batch
+        ("bias", (2, 2, 3, 4)),
+    ])
+def test_a_mask_or_bias_that_does_not_fit_the_logits_is_refused(name, shape):
+  """Both are checked against [batch, heads, q_len, kv_len] = (2, 2, 3, 3), on every path."""
+  q = jnp.ones((2, 3, 2, 4))
+  value = jnp.ones(shape, bool if name == "mask" else jnp.float32)
+  message = (f"{name} has shape {shape}; it must be [q_len, kv_len] or [batch or 1, heads or 1, "
+             "q_len, kv_len] for [batch, heads, q_len, kv_len] = (2, 2, 3, 3).")
+  calls = (lambda: kernel.relative_dot_product_attention(q, q, q, **{name: value}),
+           lambda: kernel.relative_attention_weights(q, q, **{name: value}),
+           lambda: fused.bias_attention(q, q, q, **{name: value}))
+  for call in calls:
+    with pytest.raises(ValueError, match=re.escape(message)):
+      call()
+
+
 def _bias_path_cases():
   """(name, attention kwargs) for the variants the bias path serves: a^K alone, T5, ALiBi, plain;
   causal and padded, sequential and packed positions."""
@@ -384,7 +405,7 @@ def _cudnn_branch_on_cpu(monkeypatch) -> list[str]:
 
 def _cudnn_branch_cases():
   """The bias path's cases, a k beyond the length (the tables' middle rows only) and a batch with
-  padding queries that attend nowhere (opened by `fused.without_empty_rows` on that branch)."""
+  padding queries that attend nowhere (opened by `distances.without_empty_rows` on that branch)."""
   real = jnp.array([[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]], bool)
   padded = real[:, None, :, None] & real[:, None, None, :] & jnp.tril(jnp.ones((8, 8), bool))
   return _bias_path_cases() + [
@@ -483,6 +504,6 @@ def test_unknown_implementation_raises():
 
 def test_without_empty_rows_opens_only_rows_that_attend_nowhere():
   mask = jnp.array([[True, False, False], [False, False, False], [False, True, True]])
-  opened = fused.without_empty_rows(mask[None, None])[0, 0]
+  opened = distances.without_empty_rows(mask[None, None])[0, 0]
   np.testing.assert_array_equal(opened,
                                 [[True, False, False], [True, True, True], [False, True, True]])

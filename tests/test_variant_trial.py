@@ -55,8 +55,8 @@ def test_a_variant_that_fails_a_trial_batch_stops_before_any_file(tmp_path):
     train.train_and_evaluate(config, str(workdir))
   assert str(raised.value) == (
       f"position variant 'wrong_bias' ({__file__}) fails on a trial batch, before any work: "
-      "bias has shape (3, 3, 3, 5); it must broadcast to [batch, heads, q_len, kv_len] = "
-      "(3, 2, 3, 3).")
+      "bias has shape (3, 3, 3, 5); it must be [q_len, kv_len] or [batch or 1, heads or 1, "
+      "q_len, kv_len] for [batch, heads, q_len, kv_len] = (3, 2, 3, 3).")
   config.model.position = "failing"
   with pytest.raises(
       ValueError, match=r"^position variant 'failing' \(.*test_variant_trial.py\) "
@@ -127,8 +127,8 @@ def _distance_variant(distances):
 
 
 def test_a_bias_without_its_head_axis_stops_at_the_shape_trial():
-  """[batch, q_len, kv_len] broadcasts against [batch, heads, q_len, kv_len] when batch is 1
-  (unpacked) or equals the head count; the trial's batch is neither."""
+  """[batch, q_len, kv_len] would broadcast against [batch, heads, q_len, kv_len] when batch is 1
+  or equals the head count, each sequence's bias read as a head's: a rank-3 bias is refused."""
   class NoHeadAxis(variants.AttentionPosition):
     def terms(self, query_positions, key_positions):
       distance = key_positions[:, None, :] - query_positions[:, :, None]
@@ -141,8 +141,9 @@ def test_a_bias_without_its_head_axis_stops_at_the_shape_trial():
   variants.register("no_head_axis")(NoHeadAxisVariant)
   with pytest.raises(
       ValueError, match=re.escape(
-          "fails on a trial batch, before any work: bias has shape (3, 3, 3); it must broadcast to "
-          "[batch, heads, q_len, kv_len] = (3, 2, 3, 3).")):
+          "fails on a trial batch, before any work: bias has shape (3, 3, 3); it must be [q_len, "
+          "kv_len] or [batch or 1, heads or 1, q_len, kv_len] for [batch, heads, q_len, kv_len] = "
+          "(3, 2, 3, 3).")):
     variant_trial.check_variant(_config("no_head_axis"))
 
 

@@ -279,8 +279,8 @@ def test_import_of_a_variant_of_the_wrong_shape_is_one_line_and_writes_nothing(t
               "--config.model.position=wrong_bias", f"--workdir={workdir}")
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
       f"error: position variant 'wrong_bias' ({module}) fails on a trial batch, before any "
-      "work: bias has shape (3, 3, 3, 5); it must broadcast to "
-      "[batch, heads, q_len, kv_len] = (3, 2, 3, 3)."
+      "work: bias has shape (3, 3, 3, 5); it must be [q_len, kv_len] or [batch or 1, heads "
+      "or 1, q_len, kv_len] for [batch, heads, q_len, kv_len] = (3, 2, 3, 3)."
   ], done.stderr[-3000:]
   assert not workdir.exists()
 

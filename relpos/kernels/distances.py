@@ -49,25 +49,31 @@ def _check_table(table: jax.Array | None, name: str, max_distance: int, num_head
                      f"(2*max_distance+1 rows for max_distance={max_distance}), got {table.shape}.")
 
 
-def _check_bias(bias: jax.Array | None, logits_shape: tuple[int, ...]) -> None:
-  """Raises ValueError unless `bias` is None or broadcasts to `logits_shape`
-  [batch, heads, q_len, kv_len] (adding it must not make the logits bigger)."""
-  if bias is None:
+def _check_broadcasts(name: str, x: jax.Array | None, logits_shape: tuple[int, ...]) -> None:
+  """Raises ValueError unless `x` (a bias or mask) is None, [q_len, kv_len] or of rank 4, and
+  broadcasts to `logits_shape` [batch, heads, q_len, kv_len] without making it bigger.
+
+  Rank 3 is refused: [batch, q_len, kv_len] would broadcast as [1, batch, q_len, kv_len], each
+  sequence's mask read as a head's."""
+  if x is None:
     return
-  shape = tuple(bias.shape)
+  shape = tuple(np.shape(x))
   try:
-    fits = np.broadcast_shapes(shape, logits_shape) == logits_shape
+    fits = len(shape) in (2, 4) and np.broadcast_shapes(shape, logits_shape) == logits_shape
   except ValueError:
     fits = False
   if not fits:
-    raise ValueError(f"bias has shape {shape}; it must broadcast to [batch, heads, q_len, "
-                     f"kv_len] = {logits_shape}.")
+    raise ValueError(f"{name} has shape {shape}; it must be [q_len, kv_len] or [batch or 1, "
+                     f"heads or 1, q_len, kv_len] for [batch, heads, q_len, kv_len] = "
+                     f"{logits_shape}.")
 
 
 def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
                  rel_value: jax.Array | None, max_distance: int, query_positions: jax.Array | None,
-                 key_positions: jax.Array | None, bias: jax.Array | None = None) -> None:
-  """Raises ValueError on inconsistent shapes, tables, bias or positions."""
+                 key_positions: jax.Array | None, bias: jax.Array | None = None,
+                 mask: jax.Array | None = None) -> None:
+  """Raises ValueError on inconsistent shapes, tables, bias, mask or positions (the arguments of
+  `relative.relative_dot_product_attention`)."""
   if query.ndim != 4 or key.ndim != 4:
     raise ValueError(f"query and key must be [batch, len, heads, depth], got {query.shape} and "
                      f"{key.shape}.")
@@ -78,7 +84,9 @@ def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   _, q_len, num_heads, depth = query.shape
   _check_table(rel_key, "rel_key", max_distance, num_heads, depth)
   _check_table(rel_value, "rel_value", max_distance, num_heads, depth)
-  _check_bias(bias, (query.shape[0], num_heads, q_len, key.shape[1]))
+  logits_shape = (query.shape[0], num_heads, q_len, key.shape[1])
+  _check_broadcasts("bias", bias, logits_shape)
+  _check_broadcasts("mask", mask, logits_shape)
   as_positions(query_positions, q_len, "query_positions")
   as_positions(key_positions, key.shape[1], "key_positions")
 
@@ -132,6 +140,19 @@ def _pair_index(distances: Distances, max_distance: int) -> jax.Array:
                                                                                               None]
 
 
+def without_empty_rows(mask: jax.Array) -> jax.Array:
+  """`mask` (bool [..., q_len, kv_len]) with each query row that may attend nowhere opened to
+  every key: what a softmax over such a row weighs (uniform weights; `_pairs_weighed`), and what
+  the cuDNN path passes (`fused.attention_with_bias`).
+
+  cuDNN's fused backward pass gives NaN gradients for such rows (their log-sum-exp lies below
+  ln of float32's smallest normal; seen on an H200 at length 64, and reported for PyTorch's
+  cuDNN attention at lengths 64 mod 128). The rows are padding queries, whose outputs no loss
+  and no other position reads, so what they attend to changes no result.
+  """
+  return mask | ~jnp.any(mask, axis=-1, keepdims=True)
+
+
 def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array | None:
   """bool [batch or 1, 1, q_len, kv_len]: pairs the softmax can weigh in some head (None: all).
 
@@ -140,15 +161,23 @@ def _pairs_weighed(mask: jax.Array | None, q_len: int, kv_len: int) -> jax.Array
   if mask is None:
     return None
   mask = jnp.asarray(mask, bool)
-  mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-  mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+  mask = without_empty_rows(mask.reshape((1,) * (4 - mask.ndim) + mask.shape))
   weighed = jnp.any(mask, axis=1, keepdims=True)
   return jnp.broadcast_to(weighed, weighed.shape[:2] + (q_len, kv_len))
 
 
 def distances_of(query_positions: jax.Array | None, key_positions: jax.Array | None,
                  mask: jax.Array | None, q_len: int, kv_len: int, max_distance: int) -> Distances:
-  """The positions and the run-time check of the structure the shared pattern exploits."""
+  """The positions and the run-time check of the structure the shared pattern exploits.
+
+  Args:
+    query_positions: None (0..q_len-1), int [q_len] or [batch, q_len].
+    key_positions: None (0..kv_len-1), int [kv_len] or [batch, kv_len].
+    mask: None or bool [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len] (validated by
+      `check_inputs`); True = may attend.
+    q_len, kv_len: the query and key lengths.
+    max_distance: the clipping distance k.
+  """
   if query_positions is None and key_positions is None:
     return Distances(q_len, kv_len)
   distances = Distances(q_len, kv_len, as_positions(query_positions, q_len, "query_positions"),

@@ -83,22 +83,10 @@ def attention_with_bias(query: jax.Array, key: jax.Array, value: jax.Array,
   if mask is not None:
     mask = jnp.asarray(mask, bool)
     if implementation == "cudnn":
-      mask = without_empty_rows(mask)
+      mask = distances_lib.without_empty_rows(mask)
   return jax.nn.dot_product_attention(
       query, key, value, bias=None if bias is None else _as_4d(bias).astype(query.dtype),
       mask=_as_4d(mask), implementation=implementation)
-
-
-def without_empty_rows(mask: jax.Array) -> jax.Array:
-  """`mask` (bool [..., q_len, kv_len]) with each query row that may attend nowhere opened to
-  every key.
-
-  cuDNN's fused backward pass gives NaN gradients for such rows (their log-sum-exp lies below
-  ln of float32's smallest normal; seen on an H200 at length 64, and reported for PyTorch's
-  cuDNN attention at lengths 64 mod 128). The rows are padding queries, whose outputs no loss
-  and no other position reads, so what they attend to changes no result.
-  """
-  return mask | ~jnp.any(mask, axis=-1, keepdims=True)
 
 
 def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
@@ -122,7 +110,7 @@ def bias_attention(query: jax.Array, key: jax.Array, value: jax.Array, *,
     [batch, q_len, heads, depth] in query's dtype.
   """
   distances_lib.check_inputs(query, key, rel_key, None, max_distance, query_positions,
-                             key_positions, bias)
+                             key_positions, bias, mask)
   distances = None if rel_key is None else distances_lib.distances_of(
       query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
   return attention_with_bias(query, key, value, rel_key, distances, max_distance, bias, mask,

@@ -156,8 +156,10 @@ def relative_attention_weights(query: jax.Array, key: jax.Array, *,
     key: [batch, kv_len, heads, depth].
     rel_key: None, [2k+1, depth] or [heads, 2k+1, depth]; row r is clipped distance r - k.
     max_distance: the clipping distance k >= 0.
-    bias: None or float, broadcastable to [batch, heads, q_len, kv_len], added to the logits.
-    mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+    bias: None or float [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len], added to
+      the logits.
+    mask: None or bool [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len]; True = may
+      attend.
     query_positions: None (0..q_len-1), [q_len] or [batch, q_len] integer positions.
     key_positions: None (0..kv_len-1), [kv_len] or [batch, kv_len] integer positions.
 
@@ -165,7 +167,7 @@ def relative_attention_weights(query: jax.Array, key: jax.Array, *,
     float32 [batch, heads, q_len, kv_len], rows summing to 1.
   """
   distances_lib.check_inputs(query, key, rel_key, None, max_distance, query_positions,
-                             key_positions, bias)
+                             key_positions, bias, mask)
   distances = None if rel_key is None else distances_lib.distances_of(
       query_positions, key_positions, mask, query.shape[1], key.shape[1], max_distance)
   return _weights(query, key, rel_key, distances, max_distance, bias, mask)
@@ -189,9 +191,10 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
       row r holds the vector for clipped distance r - k.
     rel_value: the same for a^V.
     max_distance: the clipping distance k >= 0 (k = 0: one vector for every distance).
-    bias: None or float, broadcastable to [batch, heads, q_len, kv_len], added to the logits
-      (T5, ALiBi, ...).
-    mask: None or bool broadcastable to [batch, heads, q_len, kv_len]; True = may attend.
+    bias: None or float [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len], added to
+      the logits (T5, ALiBi, ...).
+    mask: None or bool [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len]; True = may
+      attend.
     query_positions: None (0..q_len-1), [q_len] or [batch, q_len] integer positions.
     key_positions: None (0..kv_len-1), [kv_len] or [batch, kv_len] integer positions.
     dropout_rate: attention-weight dropout rate in [0, 1); applied only with a dropout_rng.
@@ -212,7 +215,7 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   if not 0.0 <= dropout_rate < 1.0:
     raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}.")
   distances_lib.check_inputs(query, key, rel_key, rel_value, max_distance, query_positions,
-                             key_positions, bias)
+                             key_positions, bias, mask)
   attend = functools.partial(
       _attention, query, key, value, bias=bias, mask=mask, query_positions=query_positions,
       key_positions=key_positions, dropout_rate=dropout_rate, dropout_rng=dropout_rng,

@@ -41,7 +41,8 @@ class AttentionTerms:
   """What a variant adds to one attention call (see `relpos.kernels.relative`).
 
   Attributes:
-    bias: None, or float32 broadcastable to [batch, heads, q_len, kv_len], added to the logits.
+    bias: None, or float32 [q_len, kv_len] or [batch or 1, heads or 1, q_len, kv_len], added
+      to the logits.
     rel_key: None, or the a^K table [2k+1, depth] or [heads, 2k+1, depth] (row r: distance
       r - k, read at clip(key position - query position, -k, k)).
     rel_value: the same for a^V, added to the values.
