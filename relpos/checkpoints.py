@@ -4,7 +4,8 @@ Layout (`<workdir>/checkpoints/<step>/`, written to a temporary folder and renam
 complete, so a kill mid-write leaves the previous steps intact):
 
   state/    Orbax `StandardSave` (tensorstore arrays + JSON metadata) of
-            {"step", "params", "rng", "opt_state", "num_skipped"}; RNG keys as raw uint32 data
+            {"step", "params", "rng", "opt_state", "num_skipped"} (and "loss_scale" under
+            float16, `train_state`); RNG keys as raw uint32 data
   data/     the grain iterator state, `process_<i>-of-<n>.json` (grain's Orbax handler)
   metrics/  JSON validation metrics ("bleu", "loss", ...) of the checkpoints taken at an
             evaluation; the best BLEU (or, without BLEU, lowest loss) is kept

@@ -1,9 +1,9 @@
 """Encoder-decoder Transformer (Flax NNX) whose position information is a plug-in variant.
 
 `TransformerConfig.position` names a registered variant of `relpos.variants` (absolute,
-relative, t5, rope, alibi, none, or one of the user's own); the model asks it for a module
-added to each stack's embeddings and for one position module per self-attention layer, and
-never compares a variant's name.
+relative, t5, rope, alibi, fire, shape, randomized, none, or one of the user's own); the model
+asks it for a module added to each stack's embeddings and for one position module per
+self-attention layer, and never compares a variant's name.
 
 Parameters are float32; `dtype` ('float32', 'bfloat16', 'float16') is the compute dtype of
 activations, matmuls and the decode cache, while layer-norm statistics, attention logits and
@@ -185,8 +185,10 @@ class Encoder(_Stack):
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
-    positions = self._layer_positions(variant, config.num_encoder_layers, causal=False, rngs=rngs)
-    self.layers = nnx.List([EncoderLayer(config, position, rngs=rngs) for position in positions])
+    attention_positions = self._layer_positions(variant, config.num_encoder_layers, causal=False,
+                                                rngs=rngs)
+    self.layers = nnx.List(
+        [EncoderLayer(config, position, rngs=rngs) for position in attention_positions])
 
   def __call__(self, tokens: jax.Array, *, positions: jax.Array, mask: jax.Array,
                deterministic: bool) -> jax.Array:
@@ -202,8 +204,10 @@ class Decoder(_Stack):
   def __init__(self, config: TransformerConfig, embed: nnx.Embed, variant: variants.Variant, *,
                rngs: nnx.Rngs):
     super().__init__(config, embed, variant, rngs=rngs)
-    positions = self._layer_positions(variant, config.num_decoder_layers, causal=True, rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(config, position, rngs=rngs) for position in positions])
+    attention_positions = self._layer_positions(variant, config.num_decoder_layers, causal=True,
+                                                rngs=rngs)
+    self.layers = nnx.List(
+        [DecoderLayer(config, position, rngs=rngs) for position in attention_positions])
     self.logits = (None if config.logits_via_embedding else nnx.Linear(
         config.emb_dim, config.vocab_size, kernel_init=nnx.initializers.xavier_uniform(),
         dtype=config.compute_dtype, param_dtype=jnp.float32, rngs=rngs))

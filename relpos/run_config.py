@@ -5,8 +5,8 @@ declared below, one `relpos.fields.Field` each (default, rule, doc); `model.*` a
 attributes of `relpos.model_config.TransformerConfig` and the fields of the position variant it
 selects. `validate` checks a config once, at a program's start, and returns a `RunConfig`: every
 field present and checked, frozen; nothing downstream validates again. A run writes it to
-`<workdir>/config.json` (`write_to`); `load` reads it back (for evaluation, resuming, a table), and
-`differences` says which fields two configs disagree on, and what each change does.
+`<workdir>/config.json` (`write_to`); `load` reads it back (for evaluation, resuming, a table).
+Which fields two configs disagree on, and what each change does: `relpos.config_changes`.
 """
 import dataclasses
 import os

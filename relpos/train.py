@@ -299,7 +299,8 @@ def _train_loop(config: run_config.RunConfig, workdir: str, steps: steps_lib.Ste
 
   `started`: see `recording`. With `train.early_stopping_patience` = P > 0 the run stops
   (saved, `early_stopped: True`) at the first evaluation that is the P-th in a row without a
-  better validation BLEU.
+  better validation BLEU (without BLEU, `decode.validation_bleu=False`: lower validation loss;
+  `recorder.evaluations_since_best`).
   """
   state, train_iterator = opened.state, opened.train_iterator
   first, last = int(state["step"]), config.train.num_steps

@@ -1,7 +1,7 @@
 """The interface of a position variant, and the registry of variants by name.
 
 A variant is a `Variant` subclass registered under the name `model.position` selects. The model
-asks it three things and nothing else:
+asks it three things (and the config check, for a fused kernel, `value_table_field`):
 
   fields / check   its own `model.*` config fields (default, rule, doc) and the rules between
                    them and the rest of the model (only the selected variant's are in a run's

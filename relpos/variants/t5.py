@@ -68,7 +68,7 @@ class T5RelativeBias(interface.AttentionPosition):
 class T5(interface.Variant):
   """The T5 bias in encoder and decoder self-attention."""
   fields = {
-      "t5_num_buckets": fields.Field(32, fields.integer(1),
+      "t5_num_buckets": fields.Field(32, fields.integer(4),
                                      "buckets in all (the encoder's half each direction)"),
       "t5_max_distance": fields.Field(128, fields.integer(1),
                                       "distances from here on share the last bucket"),
@@ -78,9 +78,8 @@ class T5(interface.Variant):
 
   @classmethod
   def check(cls, config) -> None:
-    # The causal (decoder) buckets are the stricter case: num_buckets // 2 exact distances.
-    if config.t5_num_buckets < 4:
-      raise fields.invalid("model.t5_num_buckets", config.t5_num_buckets, "an integer >= 4")
+    # The encoder's buckets need num_buckets >= 4 (the field's rule), the decoder's (causal)
+    # max_distance above num_buckets // 2 exact distances (`positions.t5_relative_position_bucket`).
     if config.t5_max_distance <= config.t5_num_buckets // 2:
       raise fields.invalid(
           "model.t5_max_distance", config.t5_max_distance,
