@@ -41,7 +41,8 @@ def _direct_position_statistics(model, inputs):
       query = attention.query(sublayer_input)  # [batch, n, heads, depth]
       table = position.rel_key[...]
       spec = "bnhd,rd->bnhr" if table.ndim == 2 else "bnhd,hrd->bnhr"  # -> [b, n, h, 2k+1]
-      logits = np.asarray(jnp.einsum(spec, query, table)) * attention.head_dim**-0.5
+      scaled = query * attention.head_dim**-0.5  # before the product, as the kernel's logits
+      logits = np.asarray(jnp.einsum(spec, scaled, table))
       expected.setdefault("qak_by_offset", []).append(((logits * valid[:, :, None, None]).sum(
           (0, 1, 2)) / (valid.sum() * logits.shape[2])).tolist())
       expected["max_distance"] = position.max_distance

@@ -346,7 +346,17 @@ def relative_logits(query: jax.Array, rel_key: jax.Array, distances: Distances,
   Args:
     query: pre-scaled, heads first [batch, heads, q_len, depth].
   """
+  return _gather_by_distance(logits_per_distance(query, rel_key), distances, max_distance)
+
+
+def logits_per_distance(query: jax.Array, rel_key: jax.Array) -> jax.Array:
+  """query_i . rel_key[r] for every table row r (clipped distance r - k): float32
+  [batch, heads, q_len, 2k+1].
+
+  Args:
+    query: heads first [batch, heads, q_len, depth] (pre-scaled for the logits).
+    rel_key: [2k+1, depth] or [heads, 2k+1, depth].
+  """
   # [b, h, q, d] x [(h,) 2k+1, d] -> [b, h, q, 2k+1], accumulated in float32
-  per_distance = jnp.einsum(table_einsum("bhqd", rel_key, "bhqr"), query,
-                            rel_key.astype(query.dtype), preferred_element_type=jnp.float32)
-  return _gather_by_distance(per_distance, distances, max_distance)
+  return jnp.einsum(table_einsum("bhqd", rel_key, "bhqr"), query, rel_key.astype(query.dtype),
+                    preferred_element_type=jnp.float32)

@@ -19,6 +19,10 @@ gathered into its additive bias (`relpos.kernels.fused`), and raises a ValueErro
 reason where cuDNN cannot run the call (not a GPU, float32, a^V, attention dropout, head depth,
 odd lengths); 'auto' takes cuDNN exactly where it can run, else XLA. The logits are float32
 whatever the inputs' dtype (the products accumulate in float32), and so is the softmax.
+
+The a^V path has a hand-written backward pass (`_attend_with_relative_values_bwd`) that encodes
+the softmax's gradient: a change of the normaliser (say, a softmax with a sink) must change it
+too; `tests/test_kernels.py` compares every path's gradients with the naive equations'.
 """
 import functools
 

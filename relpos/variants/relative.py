@@ -9,7 +9,6 @@ is `relpos.kernels.relative`.
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -71,15 +70,10 @@ class RelativePositionTables(interface.AttentionPosition):
     and sets "max_distance" (k)."""
     if self.rel_key is None:
       return
-    k, length = self.max_distance, query.shape[1]
-    # The kernel's a^K logits of queries at position 0 against keys at -k..k, one per row:
-    # [batch, heads, n, 2k+1]
-    query_positions = jnp.zeros((1, length), jnp.int32)
-    key_positions = jnp.arange(-k, k + 1, dtype=jnp.int32)[None]
-    distances = distances_lib.distances_of(query_positions, key_positions, None, length, 2 * k + 1,
-                                           k)
-    logits = distances_lib.relative_logits(distances_lib.heads_first(query), self.rel_key[...],
-                                           distances, k) * query.shape[-1]**-0.5
+    k = self.max_distance
+    # The kernel's a^K logit of each query at each offset: [batch, heads, n, 2k+1]
+    scaled = distances_lib.heads_first(query) * query.shape[-1]**-0.5
+    logits = distances_lib.logits_per_distance(scaled, self.rel_key[...])
     logits = np.ascontiguousarray(np.moveaxis(np.asarray(logits), 1, 2))  # [batch, n, heads, 2k+1]
     mean = (logits * valid[:, :, None, None]).sum((0, 1, 2)) / (valid.sum() * logits.shape[2])
     statistics.setdefault("qak_by_offset", []).append(mean.tolist())
