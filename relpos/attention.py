@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from relpos.kernels import distances as distances_lib
+from relpos import positions as positions_lib
 from relpos.kernels import relative as kernel
 from relpos.variants import interface as variants
 
@@ -96,12 +96,12 @@ class MultiHeadAttention(nnx.Module):
                  query_positions: jax.Array | None,
                  key_positions: jax.Array | None) -> tuple[jax.Array, jax.Array]:
     """[batch or 1, len] positions; self-attention keys default to the query positions."""
-    query_positions = distances_lib.as_positions(query_positions, inputs_q.shape[1],
+    query_positions = positions_lib.as_positions(query_positions, inputs_q.shape[1],
                                                  "query_positions")
     if inputs_kv is None and key_positions is None:
       return query_positions, query_positions
     kv_len = (inputs_q if inputs_kv is None else inputs_kv).shape[1]
-    return query_positions, distances_lib.as_positions(key_positions, kv_len, "key_positions")
+    return query_positions, positions_lib.as_positions(key_positions, kv_len, "key_positions")
 
   def attention_weights(self, inputs_q: jax.Array, inputs_kv: jax.Array | None = None, *,
                         mask: jax.Array | None = None, query_positions: jax.Array | None = None,

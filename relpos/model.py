@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from relpos import attention
+from relpos import positions as positions_lib
 from relpos import variants
 from relpos.model_config import TransformerConfig
 from relpos.data.tokenizer import PAD_ID
@@ -248,13 +249,6 @@ class Decoder(_Stack):
     return logits + self.logits.bias[...]
 
 
-def _default_positions(tokens: jax.Array, positions: jax.Array | None) -> jax.Array:
-  """Positions [batch, n] as given, else 0..n-1 as [1, n]."""
-  if positions is None:
-    return jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-  return jnp.asarray(positions, jnp.int32)
-
-
 def _segmentation(tokens: jax.Array, segmentation: jax.Array | None) -> jax.Array:
   """Segment ids [batch, n] as given, else 1 on tokens and 0 on padding."""
   if segmentation is None:
@@ -310,8 +304,10 @@ class Transformer(nnx.Module):
       [batch, s, emb_dim] in the compute dtype.
     """
     segmentation = _segmentation(inputs, inputs_segmentation)
-    return self.encoder(inputs, positions=_default_positions(inputs, inputs_positions),
-                        mask=_segment_mask(segmentation, segmentation), deterministic=deterministic)
+    return self.encoder(
+        inputs, positions=positions_lib.as_positions(inputs_positions, inputs.shape[1],
+                                                     "inputs_positions"),
+        mask=_segment_mask(segmentation, segmentation), deterministic=deterministic)
 
   def decode(self, encoded: jax.Array, inputs: jax.Array, targets: jax.Array, *,
              targets_positions: jax.Array | None = None,
@@ -336,11 +332,12 @@ class Transformer(nnx.Module):
     segmentation = _segmentation(targets, targets_segmentation)
     length = targets.shape[1]
     causal = jnp.tril(jnp.ones((length, length), bool))[None, None]
-    logits, _ = self.decoder(encoded, _shift_right(targets, segmentation),
-                             positions=_default_positions(targets, targets_positions),
-                             self_mask=_segment_mask(segmentation, segmentation) & causal,
-                             cross_mask=_segment_mask(segmentation, source_segmentation),
-                             deterministic=deterministic)
+    logits, _ = self.decoder(
+        encoded, _shift_right(targets, segmentation),
+        positions=positions_lib.as_positions(targets_positions, targets.shape[1],
+                                             "targets_positions"),
+        self_mask=_segment_mask(segmentation, segmentation) & causal,
+        cross_mask=_segment_mask(segmentation, source_segmentation), deterministic=deterministic)
     return logits
 
   def __call__(self, inputs: jax.Array, targets: jax.Array, *,

@@ -1,4 +1,5 @@
-"""Pure position functions: relative distances, clipping, T5 buckets, sinusoids, RoPE, ALiBi.
+"""Pure position functions: a sequence's positions, relative distances, clipping, T5 buckets,
+sinusoids, RoPE, ALiBi.
 
 Everything here is a pure function of integer positions (and, for RoPE, the vectors to rotate).
 Relative positions always follow the design contract: key position minus query position, j - i.
@@ -8,6 +9,20 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def as_positions(positions: jax.Array | None, length: int, name: str) -> jax.Array:
+  """int32 positions [batch or 1, length] of [length] or [batch, length] `positions`, or
+  0..length-1 when None; raises ValueError naming the argument `name` on another shape."""
+  if positions is None:
+    return jnp.arange(length, dtype=jnp.int32)[None]
+  positions = jnp.asarray(positions, jnp.int32)
+  if positions.ndim == 1:
+    positions = positions[None]
+  if positions.ndim != 2 or positions.shape[-1] != length:
+    raise ValueError(f"{name} must have shape [{length}] or [batch, {length}], "
+                     f"got {positions.shape}.")
+  return positions
 
 
 def relative_positions(query_positions: jnp.ndarray, key_positions: jnp.ndarray) -> jnp.ndarray:

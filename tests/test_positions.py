@@ -10,6 +10,17 @@ import pytest
 from relpos import positions
 
 
+def test_positions_default_to_0_to_n_and_get_a_batch_axis():
+  np.testing.assert_array_equal(positions.as_positions(None, 3, "p"), [[0, 1, 2]])
+  np.testing.assert_array_equal(positions.as_positions(np.array([4, 5, 6]), 3, "p"), [[4, 5, 6]])
+  given = positions.as_positions(np.array([[0, 1, 0], [0, 1, 2]]), 3, "p")
+  assert given.dtype == jnp.int32 and given.shape == (2, 3)
+  with pytest.raises(
+      ValueError,
+      match=r"^inputs_positions must have shape \[5\] or \[batch, 5\], got \(1, 4\)\.$"):
+    positions.as_positions(np.zeros((1, 4)), 5, "inputs_positions")
+
+
 def test_relative_positions_is_key_minus_query():
   got = positions.relative_positions(jnp.array([[0, 1, 2]]), jnp.array([[0, 1, 2, 3]]))
   np.testing.assert_array_equal(got[0], [[0, 1, 2, 3], [-1, 0, 1, 2], [-2, -1, 0, 1]])

@@ -25,19 +25,6 @@ import numpy as np
 from relpos import positions as positions_lib
 
 
-def as_positions(positions: jax.Array | None, length: int, name: str) -> jax.Array:
-  """Returns int32 positions [batch or 1, length] (arange when `positions` is None)."""
-  if positions is None:
-    return jnp.arange(length, dtype=jnp.int32)[None]
-  positions = jnp.asarray(positions, jnp.int32)
-  if positions.ndim == 1:
-    positions = positions[None]
-  if positions.ndim != 2 or positions.shape[-1] != length:
-    raise ValueError(f"{name} must have shape [{length}] or [batch, {length}], "
-                     f"got {positions.shape}.")
-  return positions
-
-
 def _check_table(table: jax.Array | None, name: str, max_distance: int, num_heads: int,
                  depth: int) -> None:
   """Raises ValueError unless `table` is None, [2k+1, depth] or [heads, 2k+1, depth]."""
@@ -87,8 +74,8 @@ def check_inputs(query: jax.Array, key: jax.Array, rel_key: jax.Array | None,
   logits_shape = (query.shape[0], num_heads, q_len, key.shape[1])
   _check_broadcasts("bias", bias, logits_shape)
   _check_broadcasts("mask", mask, logits_shape)
-  as_positions(query_positions, q_len, "query_positions")
-  as_positions(key_positions, key.shape[1], "key_positions")
+  positions_lib.as_positions(query_positions, q_len, "query_positions")
+  positions_lib.as_positions(key_positions, key.shape[1], "key_positions")
 
 
 @functools.partial(
@@ -180,8 +167,9 @@ def distances_of(query_positions: jax.Array | None, key_positions: jax.Array | N
   """
   if query_positions is None and key_positions is None:
     return Distances(q_len, kv_len)
-  distances = Distances(q_len, kv_len, as_positions(query_positions, q_len, "query_positions"),
-                        as_positions(key_positions, kv_len, "key_positions"))
+  distances = Distances(q_len, kv_len,
+                        positions_lib.as_positions(query_positions, q_len, "query_positions"),
+                        positions_lib.as_positions(key_positions, kv_len, "key_positions"))
   index = _pair_index(distances, max_distance)
   weighed = _pairs_weighed(mask, q_len, kv_len)
   if weighed is None:

@@ -29,6 +29,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from relpos import positions as positions_lib
 from relpos.kernels import distances as distances_lib
 from relpos.kernels import fused
 
@@ -239,8 +240,8 @@ def relative_dot_product_attention(query: jax.Array, key: jax.Array, value: jax.
   if query_positions is None and key_positions is None:
     return windowed()
   span = _position_span(
-      distances_lib.as_positions(query_positions, query.shape[1], "query_positions"),
-      distances_lib.as_positions(key_positions, key.shape[1], "key_positions"))
+      positions_lib.as_positions(query_positions, query.shape[1], "query_positions"),
+      positions_lib.as_positions(key_positions, key.shape[1], "key_positions"))
   return jax.lax.cond(span <= reach, windowed, lambda: attend(rel_key, rel_value, max_distance))
 
 
