@@ -145,8 +145,8 @@ def _float64_angles(num_positions: int, dim: int, base: float = 10000.0) -> np.n
 
 
 def test_sinusoid_angles_are_float64_accurate():
-  """Frequencies in float32 powers put the angles 3.3e-4 off at d = 64 below position 4,096;
-  computed in float64 and rounded once, only the float32 product's rounding (1.5e-4) is left."""
+  """Frequencies computed in float64 and rounded once leave only the float32 product's rounding
+  in the angles: 1.5e-4 at d = 64 below position 4,096."""
   angles = _float64_angles(4096, 64)
   encoding = positions.sinusoidal_position_encoding(jnp.arange(4096)[None], 64)[0]
   expected = np.concatenate([np.sin(angles), np.cos(angles)], axis=-1)
@@ -154,7 +154,7 @@ def test_sinusoid_angles_are_float64_accurate():
 
 
 def test_rope_angles_are_float64_accurate():
-  """x = (1, ..., 1, 0, ..., 0) rotates to (cos, sin) of the angles: 1.5e-4 off, not 3.3e-4."""
+  """x = (1, ..., 1, 0, ..., 0) rotates to (cos, sin) of the angles, 1.5e-4 off at most."""
   angles = _float64_angles(4096, 64)
   x = jnp.concatenate([jnp.ones((1, 4096, 1, 32)), jnp.zeros((1, 4096, 1, 32))], axis=-1)
   rotated = np.asarray(positions.apply_rope(x, jnp.arange(4096)[None]), np.float64)[0, :, 0]
