@@ -52,6 +52,7 @@ def best_metric(metrics: dict[str, float]) -> float:
 
 
 def checkpoint_dir(workdir: str) -> str:
+  """The absolute path of a run's checkpoint folder, `<workdir>/checkpoints`."""
   return os.path.join(os.path.abspath(workdir), workdir_files.CHECKPOINT_DIR)
 
 

@@ -120,16 +120,7 @@ class TransformerConfig:
     """
     given = {name: model_cfg[name] for name in model_cfg.keys()}
     position = given.get("position", FIELDS["position"].value_when_absent)
-    if not (isinstance(position, str) and position in variants.names()):
-      imported = user_modules.imported()
-      meant = difflib.get_close_matches(position, variants.names(), n=1, cutoff=0.8) if (isinstance(
-          position, str)) else []  # a typo, not any name that shares letters
-      raise fields.invalid(
-          "model.position", position, f"one of {', '.join(map(repr, variants.names()))}" +
-          (f"; did you mean {meant[0]!r}?" if meant else "") +
-          (f" ({', '.join(imported)} registered no variant {position!r}: is its class decorated "
-           f"with @relpos.variants.register({position!r})?)"
-           if imported else " (a variant of your own: --import=<its module>)"))
+    _check_position_name(position)
     own = variants.get(position).fields
     for name, field in variant_fields().items():
       if name in given and name not in own:
@@ -230,6 +221,24 @@ def variant_fields() -> dict[str, fields.Field]:
                        f"field model.{name}, which is the Transformer's own; give it a name of "
                        f"the variant's (e.g. {variant.name}_{name}).")
   return found
+
+
+def _check_position_name(position: Any) -> None:
+  """Raises `fields.invalid` for model.position unless it names a registered variant, with the
+  name meant (a typo) or how a variant of one's own is registered."""
+  if isinstance(position, str) and position in variants.names():
+    return
+  allowed = f"one of {', '.join(map(repr, variants.names()))}"
+  if isinstance(position, str):  # a typo, not any name that shares letters
+    meant = difflib.get_close_matches(position, variants.names(), n=1, cutoff=0.8)
+    allowed += f"; did you mean {meant[0]!r}?" if meant else ""
+  imported = user_modules.imported()
+  if imported:
+    allowed += (f" ({', '.join(imported)} registered no variant {position!r}: is its class "
+                f"decorated with @relpos.variants.register({position!r})?)")
+  else:
+    allowed += " (a variant of your own: --import=<its module>)"
+  raise fields.invalid("model.position", position, allowed)
 
 
 def check_cudnn(config: TransformerConfig) -> None:
