@@ -18,7 +18,7 @@ from relpos.variants import alibi
 from relpos.variants import relative
 from relpos.variants import rope
 from relpos.variants import t5
-from test_kernels import TOL, _normal
+from test_kernels import TOL, _normal, naive_relative_attention
 
 HEADS, MODEL_DIM, QKV_DIM = 2, 8, 8
 DEPTH = QKV_DIM // HEADS
@@ -124,6 +124,42 @@ def test_attention_weights_method():
       jnp.arange(4)[None],
       jnp.arange(4)[None], positions.alibi_slopes(HEADS))
   np.testing.assert_allclose(weights, jax.nn.softmax(logits + bias, axis=-1), **TOL)
+
+
+@pytest.mark.parametrize(
+    "max_distance, num_heads, use_key, use_value",
+    [
+        (2, None, True, True),
+        (2, None, True, False),
+        (2, None, False, True),
+        (1, HEADS, True, True),
+        (7, HEADS, True, True),  # k beyond every distance of 6 tokens
+    ])
+def test_relative_layer_follows_shaws_equations(max_distance, num_heads, use_key, use_value):
+  """The layer hands its tables to the kernel as Shaw et al.'s a^K (logits) and a^V (values):
+  its output equals eqs. 3-5 written out (`naive_relative_attention`) on the layer's own
+  projections and tables, followed by its output projection; with packed positions, padding
+  and a causal mask."""
+  rngs = nnx.Rngs(params=3)
+  tables = relative.RelativePositionTables(max_distance, DEPTH, num_heads=num_heads,
+                                           use_key=use_key, use_value=use_value, rngs=rngs)
+  for seed, table in enumerate((tables.rel_key, tables.rel_value)):  # beyond the init's scale
+    if table is not None:
+      table[...] = _normal(seed, table.shape)
+  module = attention.MultiHeadAttention(HEADS, MODEL_DIM, qkv_dim=QKV_DIM, position=tables,
+                                        rngs=rngs)
+  x = _normal(5, (2, 6, MODEL_DIM))
+  pos = jnp.array([[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]])  # row 1: segments 3 + 2, padding
+  segments = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 2, 2, 0]])
+  mask = ((segments[:, None, :, None] == segments[:, None, None, :]) &
+          jnp.tril(jnp.ones((6, 6), bool)))
+  got = module(x, mask=mask, query_positions=pos)
+  want = module.out(
+      naive_relative_attention(module.query(x), module.key(x), module.value(x),
+                               None if tables.rel_key is None else tables.rel_key[...],
+                               None if tables.rel_value is None else tables.rel_value[...],
+                               max_distance, mask=mask, query_positions=pos, key_positions=pos))
+  np.testing.assert_allclose(got, want, **TOL)
 
 
 def test_relative_table_shapes_and_sharing():

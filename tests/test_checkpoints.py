@@ -3,6 +3,7 @@ architecture or process count is named in one line, nothing written), damaged ch
 skipped, set aside and named, a checkpoint vanishing while read, and checkpoints moved between
 device layouts. The run is tests/kill_run.py's (its workdir: the `reference` fixture); a run
 saved by an earlier commit (tests/saved_run.py) restores, computes and resumes as it did."""
+import functools
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from relpos import checkpoint_damage
 from relpos import checkpoints
@@ -23,9 +25,11 @@ from relpos import metrics_writer
 from relpos import model as model_lib
 from relpos import run_config
 from relpos import train
+from relpos import variant_trial
 from relpos import workdir_files
 from kill_run import KILL_RUN, ROOT, assert_same_run, make_config
 import saved_run
+import test_model
 
 
 def test_other_architecture_names_first_differing_parameter(reference, data_dir, tmp_path):
@@ -290,6 +294,57 @@ def test_best_is_the_newest_of_equal_validations(tmp_path):
   checkpoints.wait(manager)
   assert (checkpoints.resolve_step(manager, "best"), manager.all_steps()) == (6, [6])
   manager.close()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _eval_logits(graphdef, params, rng):
+  """The evaluation logits of variant_trial's pairs, compiled once per model structure."""
+  return nnx.merge(graphdef, params, rng)(variant_trial.INPUTS, variant_trial.TARGETS)
+
+
+def _raw(tree):
+  """Leaves as numpy arrays, RNG keys as their raw data."""
+  is_key = lambda leaf: jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+  return [
+      np.asarray(jax.random.key_data(leaf) if is_key(leaf) else leaf)
+      for leaf in jax.tree.leaves(tree)
+  ]
+
+
+@pytest.mark.parametrize("variant", test_model.VARIANTS)
+def test_every_variant_restores_its_saved_model_bitwise(variant, tmp_path):
+  """What `checkpoints.save` writes, `restore_model` (the model built from the config, abstract,
+  filled from the checkpoint) gives back: the parameters of every variant case (shared
+  tables, per-head, learned encodings, FIRE's c and L, ...) and its RNG streams (SHAPE and
+  randomized positions draw from them in training) bitwise, hence the same evaluation logits.
+  Every parameter is moved off its initial value and every RNG count advanced, so that nothing
+  passes by being initialised alike (FIRE's c and L, layer norms, biases start at constants).
+  One layer a stack: the variant's parameters and sharing are all there (the tables shared
+  across layers are one for both stacks)."""
+  config = test_model.make_config(**test_model.VARIANTS[variant], num_encoder_layers=1,
+                                  num_decoder_layers=1)
+  graphdef, params, rng = model_lib.split_model(model_lib.build_model(config, 0))
+  noise = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: p + noise.standard_normal(p.shape, np.float32) / 10, params)
+  rng = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: leaf + 7
+      if jax.tree_util.keystr(path).endswith("['count']") else leaf, rng)
+  # Committed, as restored arrays are: one compilation of _eval_logits serves both models.
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  params, rng = jax.device_put((params, rng), device)
+  manager = checkpoints.make_manager(str(tmp_path))
+  checkpoints.save(manager, {"step": jnp.int32(3), "params": params, "rng": rng},
+                   iter(grain.MapDataset.range(4).to_iter_dataset()))
+  checkpoints.wait(manager)
+  manager.close()
+  manager = checkpoints.make_manager(str(tmp_path), read_only=True)
+  restored = model_lib.split_model(checkpoints.restore_model(manager, 3, config, device))
+  manager.close()
+  assert restored[0] == graphdef
+  for want, got in zip((params, rng), restored[1:]):
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert all(np.array_equal(a, b) for a, b in zip(_raw(got), _raw(want)))
+  np.testing.assert_array_equal(_eval_logits(*restored), _eval_logits(graphdef, params, rng))
 
 
 class _Manager:

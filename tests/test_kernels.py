@@ -40,8 +40,9 @@ TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
 def naive_relative_attention(query, key, value, rel_key, rel_value, max_distance, mask=None,
-                             query_positions=None, key_positions=None):
-  """Shaw et al. (2018) eqs. 3-5 as written: a^K_ij and a^V_ij materialized per (i, j)."""
+                             query_positions=None, key_positions=None, bias=None):
+  """Shaw et al. (2018) eqs. 3-5 as written: a^K_ij and a^V_ij materialized per (i, j); a
+  variant's `bias` ([q, k] or [batch or 1, heads or 1, q, k]) is added to the logits."""
   batch, q_len, heads, depth = query.shape
   kv_len = key.shape[1]
   qpos = jnp.broadcast_to(
@@ -60,6 +61,8 @@ def naive_relative_attention(query, key, value, rel_key, rel_value, max_distance
   keys = jnp.swapaxes(key, 1, 2)[:, :, None] + per_pair(rel_key)  # k_j + a^K_ij
   values = jnp.swapaxes(value, 1, 2)[:, :, None] + per_pair(rel_value)  # v_j + a^V_ij
   logits = jnp.einsum("bqhd,bhqkd->bhqk", query, keys) / math.sqrt(depth)
+  if bias is not None:
+    logits = logits + bias
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(logits, axis=-1)
@@ -83,11 +86,12 @@ def _random_inputs(seed, batch, q_len, kv_len, heads, depth, max_distance, per_h
 
 
 def _assert_matches_naive(cases):
-  """Forward values and gradients w.r.t. query, key, value and tables agree, for every case.
+  """Forward values and gradients w.r.t. query, key, value, tables (and bias) agree, for every
+  case.
 
   Args:
-    cases: list of (inputs from _random_inputs, max_distance, attention kwargs); all cases are
-      compiled together in one jit to keep the test fast.
+    cases: list of (inputs from _random_inputs, with an optional "bias" entry, max_distance,
+      attention kwargs); all cases are compiled together in one jit to keep the test fast.
   """
   max_distances = [max_distance for _, max_distance, _ in cases]
 
@@ -99,11 +103,12 @@ def _assert_matches_naive(cases):
       def efficient(a, kwargs=kwargs, max_distance=max_distance):
         return kernel.relative_dot_product_attention(a["query"], a["key"], a["value"],
                                                      rel_key=a["rel_key"], rel_value=a["rel_value"],
-                                                     max_distance=max_distance, **kwargs)
+                                                     max_distance=max_distance, bias=a.get("bias"),
+                                                     **kwargs)
 
       def naive(a, kwargs=kwargs, max_distance=max_distance):
         return naive_relative_attention(a["query"], a["key"], a["value"], a["rel_key"],
-                                        a["rel_value"], max_distance, **kwargs)
+                                        a["rel_value"], max_distance, bias=a.get("bias"), **kwargs)
 
       for fn in (efficient, naive):
         out, vjp = jax.vjp(fn, inputs)
@@ -163,6 +168,22 @@ def test_efficient_matches_naive_with_packed_positions(padding):
                          for terms, per_head in [("key", False), ("value",
                                                                   True), ("key+value", False)]
                          for k in (2, 9)])
+
+
+def test_efficient_matches_naive_with_a_bias_and_tables():
+  """A variant's bias (T5, ALiBi, FIRE, a plug-in's) added to the logits of the tables: per
+  (batch, head), broadcast over the batch, and one [q, k] for all; outputs and the gradients of
+  the bias (those variants learn it) and of the tables. k = 8 exceeds the span of positions
+  1..5 against 0..5 (the middle rows only)."""
+  padding = (jnp.arange(6)[None] < jnp.array([[6], [4]]))[:, None, None, :]
+  cases = []
+  for seed, (k, per_head, terms, bias_shape) in enumerate([(1, False, "key+value", (2, 2, 5, 6)),
+                                                           (3, True, "key", (1, 2, 5, 6)),
+                                                           (8, False, "key+value", (5, 6))]):
+    inputs = _random_inputs(40 + seed, 2, 5, 6, 2, 4, k, per_head, terms)
+    inputs["bias"] = _normal(50 + seed, bias_shape)
+    cases.append((inputs, k, {"mask": padding, "query_positions": jnp.arange(5) + 1}))
+  _assert_matches_naive(cases)
 
 
 def test_tables_beyond_the_sequence_are_read_only_when_positions_reach_them():

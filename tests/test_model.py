@@ -46,6 +46,9 @@ VARIANTS = {
     "alibi": {"position": "alibi"},
     "none": {"position": "none"},
     "fire": {"position": "fire", "fire_hidden": 8},
+    # L = 1: the normaliser psi(max(L, i, j)) moves with the positions of these short sequences
+    # (at the default L = 16 every one of them shares psi(16)).
+    "fire_threshold_1": {"position": "fire", "fire_hidden": 8, "fire_init_threshold": 1.0},
     "shape": {"position": "shape"},
     "shape_t2t": {"position": "shape", "absolute_type": "t2t_timing_signal"},
     "randomized": {"position": "randomized"},
@@ -95,14 +98,19 @@ def test_packed_equals_unpacked(variant):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_encoder_shift_invariance_and_distances(variant):
-  """Positions shifted by 7 change only an absolute encoder's output; positions spread twice
-  as far apart (the distances 1 and 2 differ under ALiBi and the clipped tables too) change
-  every position-aware encoder's output, and nothing under `none`."""
+  """Positions shifted by 7 change only an absolute encoder's output, and FIRE's past its
+  threshold L (its normaliser psi(max(L, i, j)) reads the positions themselves; below L = 16
+  all of 0..12 share psi(16)); positions spread twice as far apart (the distances 1 and 2
+  differ under ALiBi and the clipped tables too) change every position-aware encoder's output,
+  and nothing under `none`."""
   model = make_model(**VARIANTS[variant])
   positions = np.arange(INPUTS.shape[1])[None] + np.zeros_like(INPUTS)
   reference = model.encode(INPUTS, inputs_positions=positions)
   shifted = model.encode(INPUTS, inputs_positions=positions + 7)
-  if model.encoder.position_embedding is not None:
+  case = VARIANTS[variant]
+  reads_positions = (case["position"] == "fire" and
+                     case.get("fire_init_threshold", 16.0) < (positions + 7).max())
+  if model.encoder.position_embedding is not None or reads_positions:
     assert np.abs(shifted - reference).max() > 1e-2
   else:
     np.testing.assert_allclose(shifted, reference, atol=ATOL)
@@ -219,6 +227,29 @@ def test_translate_equals_uncached_search(beam_size):
   compiled = decode._translate._cache_size()
   decode.translate(model, inputs[::-1], beam_size=beam_size, max_decode_len=8)
   assert decode._translate._cache_size() == compiled  # same shapes: no retracing.
+
+
+def _first_case(position: str) -> str:
+  return next(name for name, case in VARIANTS.items() if case["position"] == position)
+
+
+# Every registered variant (its first case above), and FIRE at L = 1, whose normaliser moves with
+# every decoded position (at L = 16 it moves from position 17 on, by little).
+SEARCH_VARIANTS = [*map(_first_case, variants.names()), "fire_threshold_1"]
+
+
+@pytest.mark.parametrize("variant", SEARCH_VARIANTS)
+def test_beam_search_equals_uncached_search_past_position_16(variant):
+  """Cached beam search equals the search without a cache, past FIRE's default threshold
+  L = 16 (there its normaliser reads the query's position, a decode step's `cache_index`)."""
+  model = make_model(**VARIANTS[variant], num_encoder_layers=1, num_decoder_layers=1,
+                     logits_via_embedding=False)
+  model.decoder.logits.bias[...] = jnp.zeros(VOCAB).at[EOS].set(-0.75)
+  inputs = jnp.array([[3, 4, 5, 6, 1, 0], [9, 10, 11, 12, 13, 1]])
+  tokens = np.asarray(decode.translate(model, inputs, beam_size=2, max_decode_len=20))
+  assert (tokens != 0).sum(1).max() > 16  # an output reached past position 16
+  np.testing.assert_array_equal(
+      tokens, decode.translate(model, inputs, beam_size=2, max_decode_len=20, use_cache=False))
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

@@ -336,16 +336,65 @@ def test_fire_input_is_bounded_in_both_directions_and_the_papers_when_causal():
 
 
 def test_fire_bias_is_the_mlp_of_the_normalized_distance_and_direction():
+  """The input x = psi(|i - j|) / psi(max(L, i, j)) computed here from the positions (not by
+  `normalized_distances`, the code under test), with c = 0.5 and L = 3: positions 5 and 30
+  pass L, so the normaliser differs by pair (from the positions, not the slots 0..3)."""
   model = _model(position="fire", fire_hidden=8)
   bias = model.encoder.layers[1].self_attention.position
-  positions = jnp.array([[0, 1, 5, 30]])
-  x = np.asarray(bias.normalized_distances(positions, positions))[0]
-  right = (positions[0][None, :] > positions[0][:, None]).astype(np.float32)
+  bias.log_c[...] = jnp.log(0.5)
+  bias.threshold[...] = 3.0
+  at = np.array([0, 1, 5, 30], np.float64)
+  i, j = at[:, None], at[None, :]
+  x = np.log1p(0.5 * np.abs(i - j)) / np.log1p(0.5 * np.maximum(3.0, np.maximum(i, j)))
+  right = (j > i).astype(np.float64)
   features = np.stack([x, x * right], -1)  # [q, k, 2]
-  hidden = np.maximum(features @ bias.hidden.kernel[...] + bias.hidden.bias[...], 0)
-  expected = hidden @ bias.out.kernel[...] + bias.out.bias[...]  # [q, k, heads]
+  w1, b1, w2, b2 = (np.asarray(param[...], np.float64)
+                    for param in (bias.hidden.kernel, bias.hidden.bias, bias.out.kernel,
+                                  bias.out.bias))
+  expected = np.maximum(features @ w1 + b1, 0) @ w2 + b2  # [q, k, heads]
+  positions = jnp.asarray(at[None], jnp.int32)
   np.testing.assert_allclose(
       bias(positions, positions)[0], np.moveaxis(expected, -1, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_fire_starts_at_the_configured_c_and_threshold():
+  model = _model(position="fire", fire_hidden=8, fire_init_c=0.5, fire_init_threshold=4.0)
+  biases = [
+      layer.self_attention.position for layer in (*model.encoder.layers, *model.decoder.layers)
+  ]
+  assert len({id(bias) for bias in biases}) == 4  # one per self-attention layer
+  for bias in biases:
+    np.testing.assert_allclose(np.exp(bias.log_c[...]), 0.5, rtol=1e-6)
+    assert float(bias.threshold[...]) == 4.0
+
+
+def _rotate_half(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+  """RoPE (Su et al.) in float64, rotate-half layout: channels c and c + d/2 of x [b, n, h, d]
+  turned by positions [b, n] * base^(-2c/d)."""
+  half = x.shape[-1] // 2
+  angles = positions[..., None, None] * base**(-2.0 * np.arange(half) / x.shape[-1])
+  first, second = x[..., :half], x[..., half:]
+  return np.concatenate([
+      first * np.cos(angles) - second * np.sin(angles),
+      first * np.sin(angles) + second * np.cos(angles)
+  ], axis=-1)
+
+
+def test_rope_turns_queries_and_keys_at_the_configured_base():
+  """model.rope_base=500 reaches every layer's rotation (at 10000 the outputs differ by 2.7).
+  Tolerance 2e-5, the attention tests': float32 angles of positions up to 30 and the float32
+  rotation, against float64 (2.5e-7 measured)."""
+  model = _model(position="rope", rope_base=500.0)
+  positions = np.array([[0, 3, 17, 30]])
+  rng = np.random.default_rng(0)
+  query, key = (rng.standard_normal((1, 4, 2, 8)).astype(np.float32) for _ in range(2))
+  for layer in (*model.encoder.layers, *model.decoder.layers):
+    rotated = layer.self_attention.position.queries_and_keys(jnp.asarray(query), jnp.asarray(key),
+                                                             jnp.asarray(positions),
+                                                             jnp.asarray(positions))
+    for got, x in zip(rotated, (query, key)):
+      np.testing.assert_allclose(got, _rotate_half(x.astype(np.float64), positions, 500.0),
+                                 atol=2e-5)
 
 
 def test_fire_learns_c_and_the_threshold():
