@@ -39,6 +39,7 @@ def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figure
   np.testing.assert_allclose(half_widths, [2**0.5] * 4)
   for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
+    assert ax.get_xlabel() == "source length (words)"  # no run counts the sentences
 
 
 def test_bleu_vs_length_draws_a_row_whose_runs_lack_per_length_scores(results_path, figures):
@@ -86,6 +87,11 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   lines = [c for c in ratio.containers]
   assert [c.get_label() for c in lines] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
   np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, 0.9, 0.7])
+  # Each bucket over its number of sentences (length_statistics: 10 each).
+  for ax in (panels[-1], ratio):
+    assert [t.get_text() for t in ax.get_xticklabels()
+           ] == ["3-6\n10", "7-12\n10", "13-18\n10", "19-24\n10"]
+    assert ax.get_xlabel() == "source length (words) over\nthe number of sentences"
   test, test_long = figures["token_accuracy.png"].axes
   assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
   abs_line = test_long.get_lines()[0]

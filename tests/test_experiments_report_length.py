@@ -14,6 +14,14 @@ def test_single_length_buckets_are_labelled_by_their_length():
   assert "| row | 3-11 | 12 |" in report.render_table(runs)
 
 
+def test_sentences_at_length_reads_the_first_run_that_counts_them():
+  runs = [fake_results.run_record("ablation", "abs", 0, 50.0, 10.0)] + fake_results.length_runs()
+  runs[1]["length_statistics"]["test_long"]["by_source_length"]["19-24"]["num_sentences"] = 7
+  assert report_length.sentences_at_length(runs, "test_long", "19-24") == 7
+  assert report_length.sentences_at_length(runs, "test_long", "25-30") is None
+  assert report_length.sentences_at_length(runs[:1], "test", "3-6") is None  # not counted
+
+
 def test_length_table_columns_and_diagnostics():
   text = report.render_table(fake_results.length_runs())
   # abs: test 97 ± 1, test_long 29 ± 1, oracle 63 ± 1; drop recovered (63 - 29) / (97 - 29)

@@ -131,7 +131,6 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
                           report_length.bleu_at_length) for row in rows
   }
   fig, axes = _panels(len(rows), width=3.6, height=2.8)
-  boundary = sum(1 for s, _ in buckets if s != "test_long") - 0.5
   for ax, row in zip(axes, rows):
     for other in rows:
       if other != row:
@@ -139,11 +138,8 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     if len(curves[row][0]):
       ax.errorbar(*curves[row], fmt="o-", color="C0", capsize=3, markersize=4)
     ax.set_title(row if len(curves[row][0]) else f"{row} (no per-length scores)", fontsize=9)
-    if "test_long" in held_out:
-      ax.axvline(boundary, color="grey", linestyle=":")
-    ax.set_xticks(range(len(buckets)))
-    ax.set_xticklabels([report_length.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
-  _label_panels(axes, "source length (words)", "BLEU")
+    _bucket_axis(ax, buckets, ablation_runs)
+  _label_panels(axes, _bucket_axis_label(buckets, ablation_runs), "BLEU")
   longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
   others = "; other rows in grey" if len(rows) > 1 else ""
   fig.suptitle(
@@ -196,8 +192,8 @@ def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]],
 
 
 def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
-  stats = run.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
-  return stats[bucket]["ratio"] if bucket in stats else None
+  stats = report_length.length_statistics_at_length(run, split, bucket)
+  return stats["ratio"] if stats else None
 
 
 def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], list[str]]:
@@ -208,12 +204,24 @@ def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], l
   return table, buckets, verdicts.rows_in_order(table, "length")
 
 
-def _bucket_axis(ax, buckets: list[tuple[str, str]]) -> None:
-  """Bucket labels on the x axis, a dotted line where the longer-than-training split begins."""
+def _bucket_axis(ax, buckets: list[tuple[str, str]], runs: list[dict]) -> None:
+  """Bucket labels on the x axis, each above its number of sentences where `runs` count them
+  (a mean over a few sentences is noise: Multi30K's test has 2 of 28-32 words), and a dotted
+  line where the longer-than-training split begins."""
   if any(s == "test_long" for s, _ in buckets):
     ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey", linestyle=":")
+  labels = []
+  for split, bucket in buckets:
+    count = report_length.sentences_at_length(runs, split, bucket)
+    labels.append(report_length.bucket_label(bucket) + ("" if count is None else f"\n{count}"))
   ax.set_xticks(range(len(buckets)))
-  ax.set_xticklabels([report_length.bucket_label(b) for _, b in buckets], rotation=45, fontsize=7)
+  ax.set_xticklabels(labels, fontsize=7)
+
+
+def _bucket_axis_label(buckets: list[tuple[str, str]], runs: list[dict]) -> str:
+  """The x axis's label under `_bucket_axis`'s ticks."""
+  counted = any(report_length.sentences_at_length(runs, s, b) is not None for s, b in buckets)
+  return "source length (words)" + (" over\nthe number of sentences" if counted else "")
 
 
 def plot_length_oracle(runs: list[dict], path: str) -> str | None:
@@ -234,9 +242,9 @@ def plot_length_oracle(runs: list[dict], path: str) -> str | None:
     ax.errorbar(*_bucket_points(row_runs, buckets, report_length.oracle_bleu_at_length), fmt="s--",
                 color="C3", capsize=3, markersize=4, label="oracle length")
     ax.set_title(row, fontsize=9)
-    _bucket_axis(ax, buckets)
+    _bucket_axis(ax, buckets, table)
   axes[0].legend(fontsize=7)
-  _label_panels(axes, "source length (words)", "BLEU")
+  _label_panels(axes, _bucket_axis_label(buckets, table), "BLEU")
   fig.suptitle(
       "BLEU by source length, and with eos forced at the reference's length (oracle "
       "length)\nright of the dotted line: longer than training; "
@@ -261,8 +269,8 @@ def plot_length_ratio(runs: list[dict], path: str) -> str | None:
         np.asarray(x) + 0.03 * (index - len(rows) / 2), means, yerr=stds, fmt=".-", capsize=2,
         color=f"C{index % 10}", label=row)
   ax.axhline(1.0, color="black", linewidth=0.8)
-  _bucket_axis(ax, buckets)
-  ax.set_xlabel("source length (words)")
+  _bucket_axis(ax, buckets, table)
+  ax.set_xlabel(_bucket_axis_label(buckets, table))
   ax.set_ylabel("hypothesis / reference length")
   ax.set_title(
       "Hypothesis / reference length in target tokens (below 1: too short)\n"

@@ -26,6 +26,21 @@ def bleu_at_length(run: dict, split: str, bucket: str) -> float | None:
   return run.get("bleu_by_source_length", {}).get(split, {}).get(bucket)
 
 
+def length_statistics_at_length(run: dict, split: str, bucket: str) -> dict | None:
+  """A run's length statistics on the sources of `split` in length `bucket` ({"ratio",
+  "shorter", "longer", "num_sentences"}; None: not measured)."""
+  return run.get("length_statistics", {}).get(split, {}).get("by_source_length", {}).get(bucket)
+
+
+def sentences_at_length(runs: list[dict], split: str, bucket: str) -> int | None:
+  """How many sentences of `split` length `bucket` holds, from the first of `runs` whose length
+  statistics count them (the same in every run of a task; None: none counts them)."""
+  for run in runs:
+    if stats := length_statistics_at_length(run, split, bucket):
+      return stats["num_sentences"]
+  return None
+
+
 def oracle_bleu_at_length(run: dict, split: str, bucket: str) -> float | None:
   """`bleu_at_length` of the run's oracle-length decoding (None: not decoded so)."""
   oracle = run.get("oracle_length", {}).get(split, {})
@@ -144,11 +159,7 @@ def diagnostics_lines(runs: list[dict], table: str, rows: list[str]) -> list[str
       return f"{verdicts.format_mean_std(plain)} → {verdicts.format_mean_std(oracle)}"
 
     def ratio_cell(row_runs, bucket, split=split):
-      stats = [
-          r["length_statistics"][split]["by_source_length"][bucket]
-          for r in row_runs
-          if bucket in r.get("length_statistics", {}).get(split, {}).get("by_source_length", {})
-      ]
+      stats = values_at_length(row_runs, split, bucket, length_statistics_at_length)
       return (f"{verdicts.format_ratio([x['ratio'] for x in stats])} "
               f"({verdicts.format_percent([x['shorter'] for x in stats])} short)") if stats else "–"
 
