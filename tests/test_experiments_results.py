@@ -118,3 +118,42 @@ def test_a_restore_records_where_it_came_from_within_its_repository(tmp_path):
   assert results.repository_path(str(published)) == str(published)
   (tmp_path / "clone" / ".git").mkdir()
   assert results.repository_path(str(published)) == "docs/results/t/results.json"
+
+
+def test_a_run_published_under_an_older_folder_name_is_restored_where_the_table_looks(tmp_path):
+  """Runs published before the task led the folder name (`ablation-abs-seed0`) come back under
+  the name the table finds them by, with their translations, and are not trained again."""
+  published_dir = tmp_path / "published"
+  (published_dir / results.TRANSLATIONS_DIR / "ablation-abs-seed0").mkdir(parents=True)
+  (published_dir / results.TRANSLATIONS_DIR / "ablation-abs-seed0" / "t.txt").write_text("x\n")
+  published = published_dir / "results.json"
+  published.write_text(
+      json.dumps({
+          "runs": [{
+              "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
+              "config": {}, "workdir": "/old/machine/runs/ablation-abs-seed0"
+          }]
+      }))
+  out = str(tmp_path / "out")
+  [workdir] = results.restore_published(str(published), out, table="ablation", task="synthetic")
+  assert os.path.basename(workdir) == "synthetic-ablation-abs-seed0"
+  assert os.listdir(os.path.join(workdir, "eval")) == ["t.txt"]
+  results.check_publish_keeps(str(published_dir), out, table="ablation", task="synthetic")
+  [run] = results.collect(out)
+  assert run["workdir"] == os.path.join("runs", "synthetic-ablation-abs-seed0")
+
+
+def test_two_folders_holding_one_run_are_refused_not_counted_as_two_seeds(tmp_path):
+  for name in ("ablation-abs-seed0", "synthetic-ablation-abs-seed0"):
+    path = tmp_path / results.RUNS_DIR / name / results.RESULT_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({
+            "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
+            "config": {}, "workdir": f"runs/{name}"
+        }))
+  with pytest.raises(
+      ValueError, match=re.escape(
+          "runs/ablation-abs-seed0 and runs/synthetic-ablation-abs-seed0 both hold a result of row "
+          "abs seed 0 (ablation on synthetic): move one out of")):
+    results.collect(str(tmp_path))

@@ -48,3 +48,11 @@ def test_other_names_are_not_runs(name):
 def test_a_name_with_the_separator_is_refused(task, table):
   with pytest.raises(ValueError, match="holds '-'"):
     run_names.run_name(task, table, "abs", 0)
+
+
+def test_a_result_is_named_by_its_fields_not_the_folder_it_ran_in():
+  result = {
+      "task": "synthetic", "table": "k_sweep", "row": "k=4", "seed": 1,
+      "workdir": "/elsewhere/runs/k_sweep-k4-seed1"
+  }  # published before the task led
+  assert run_names.run_name_of(result) == "synthetic-k_sweep-k4-seed1"

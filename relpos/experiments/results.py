@@ -22,6 +22,7 @@ from relpos.experiments import paired
 from relpos.experiments import plots
 from relpos.experiments import plots_learned
 from relpos.experiments import report
+from relpos.experiments import run_names
 from relpos.experiments import tables
 
 RESULT_FILE = "result.json"
@@ -82,7 +83,12 @@ def read_result(path: str) -> dict[str, Any]:
 def collect(output_dir: str) -> list[dict[str, Any]]:
   """Every finished run under `output_dir/runs` (not those moved aside), in table and row
   order; a result.json that cannot be read is left out with a warning naming it (the table
-  goes on)."""
+  goes on).
+
+  Raises:
+    ValueError: naming both folders, when two hold a result of the same run (task, table,
+      row, seed): counted twice, one seed would read as two.
+  """
   runs_dir = os.path.join(output_dir, RUNS_DIR)
   runs = []
   names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
@@ -93,6 +99,14 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
         runs.append(read_result(path))
       except ValueError as e:
         logging.warning("Left out of the table: %s", e)
+  folder_of = {}  # (task, table, row, seed) -> the folder that holds its result
+  for run in runs:
+    key, folder = (run["task"], run["table"], run["row"], run["seed"]), run["workdir"]
+    if key in folder_of:
+      raise ValueError(f"{folder_of[key]} and {folder} both hold a result of row {run['row']} "
+                       f"seed {run['seed']} ({run['table']} on {run['task']}): move one out of "
+                       f"{runs_dir}.")
+    folder_of[key] = folder
   order = {}
   for key in ((t, r) for t in tables.TABLES for r in (*tables.TABLES[t], *tables.ROWS)):
     order.setdefault(key, len(order))
@@ -221,7 +235,7 @@ def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: 
   published_runs = read_published(path, "--publish_to", table=table, task=task)
   runs_dir = os.path.join(output_dir, RUNS_DIR)
   lost = [
-      name for name in (os.path.basename(r["workdir"]) for r in published_runs)
+      name for name in map(run_names.run_name_of, published_runs)
       if not os.path.isdir(os.path.join(runs_dir, name))
   ]
   if lost:
@@ -269,8 +283,7 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
   """
   restored = []
   for published_result in read_published(published, "--restore_from", table=table, task=task):
-    name = os.path.basename(published_result["workdir"])
-    workdir = os.path.join(output_dir, RUNS_DIR, name)
+    workdir = os.path.join(output_dir, RUNS_DIR, run_names.run_name_of(published_result))
     if published_result["task"] != task or os.path.exists(workdir):
       continue  # (a folder, and so its results.json, may hold several tables of one task)
     result = {**published_result, "workdir": relative_workdir(workdir)}
@@ -278,7 +291,8 @@ def restore_published(published: str, output_dir: str, *, table: str, task: str)
     if earlier := published_result.get("restored"):  # lost before: each loss stays on record
       result["restored"]["earlier"] = earlier.get(
           "earlier", []) + [{"from": earlier["from"], "at": earlier["at"]}]
-    translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR, name)
+    translations = os.path.join(os.path.dirname(published), TRANSLATIONS_DIR,
+                                os.path.basename(published_result["workdir"]))
     # Made aside and renamed into place: a start killed midway leaves no folder that the next
     # would take for a run begun (and train again from step 0).
     making = workdir + ".restoring"

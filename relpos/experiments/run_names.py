@@ -42,6 +42,13 @@ def run_name(task: str, table: str, row: str, seed: int) -> str:
   return _SEPARATOR.join((task, table, row_part)) + f"{_SEED_MARK}{seed}"
 
 
+def run_name_of(result: dict) -> str:
+  """`run_name` of a run's result (result.json, or a run of a table's results.json): the
+  folder a table finds that run in now, whatever its "workdir" was called when it ran (runs
+  published before the task led the name were `<table>-<row>-seed<seed>`)."""
+  return run_name(result["task"], result["table"], result["row"], result["seed"])
+
+
 def parse_run_name(name: str) -> RunName | None:
   """`run_name`'s parts read back from a folder name; None for a name it does not make (a run
   moved aside by --retrain_changed, `<name>.replaced-<time>`, or a k sweep row not `k<int>`)."""
