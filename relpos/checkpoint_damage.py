@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 
 MAX_CAUSE_CHARS = 400  # of an error's message shown to a user
@@ -52,11 +53,19 @@ def reading(where: str) -> Iterator[None]:
 
 def json_problem(where: str, name: str) -> str | None:
   """What is wrong with the JSON file `name` of the checkpoint in folder `where` (None:
-  nothing): missing, empty, or not valid JSON (truncated)."""
+  nothing): missing, empty, or not valid JSON (truncated).
+
+  Raises:
+    PermissionError: the file or a folder above it cannot be read (no damage: `NOT_DAMAGE`).
+  """
   path = os.path.join(where, name)
-  if not os.path.isfile(path):
+  try:
+    found = os.stat(path)  # (os.path.isfile would read no permission as missing)
+  except (FileNotFoundError, NotADirectoryError):
     return f"{name} is missing"
-  if os.path.getsize(path) == 0:
+  if stat.S_ISDIR(found.st_mode):
+    return f"{name} is a folder, not a file"
+  if found.st_size == 0:
     return f"{name} is empty"
   try:
     with open(path, encoding="utf-8") as f:

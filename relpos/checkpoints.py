@@ -44,6 +44,7 @@ from relpos import workdir_files
 PyTree = Any
 Restored = TypeVar("Restored")
 STATE_METADATA = os.path.join("state", "_METADATA")
+METRICS_FILE = os.path.join("metrics", "metrics")  # a checkpoint's validation BLEU (Orbax's)
 
 
 def best_metric(metrics: dict[str, float]) -> float:
@@ -70,11 +71,15 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False,
 
   Raises:
     ValueError: `workdir/checkpoints` exists and is not a folder (naming it).
+    checkpoint_damage.DamagedCheckpointError: a checkpoint's metrics file is empty or not JSON
+      (naming it; Orbax reads every checkpoint's as the manager opens, and fails on one):
+      training sets such checkpoints aside first (`set_aside_damaged_metrics`).
   """
   directory = checkpoint_dir(workdir)
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise ValueError(f"{directory} is a file, not a folder of checkpoints: move it aside or "
                      "pass another --workdir.")
+  _refuse_damaged_metrics(directory)
   policy = checkpoint_managers.AnyPreservationPolicy([
       checkpoint_schedule.LatestOnSchedule(n=keep, scheduled=scheduled or (lambda step: True)),
       checkpoint_managers.BestN(get_metric_fn=best_metric, n=1,
@@ -89,6 +94,35 @@ def make_manager(workdir: str, *, keep: int = 1, read_only: bool = False,
       "state": ocp.StandardCheckpointHandler(), "data": grain_checkpoint.CheckpointHandler()
   }
   return ocp.CheckpointManager(directory, item_handlers=handlers, options=options)
+
+
+def _damaged_metrics(directory: str) -> dict[int, str]:
+  """The checkpoints in `directory` whose metrics file (`METRICS_FILE`) is there but empty or
+  not JSON: step -> what is wrong. A checkpoint without one is saved without metrics."""
+  damaged = {}
+  for name in sorted(os.listdir(directory) if os.path.isdir(directory) else []):
+    where = os.path.join(directory, name)
+    if name.isdigit() and os.path.lexists(os.path.join(where, METRICS_FILE)):
+      if problem := checkpoint_damage.json_problem(where, METRICS_FILE):
+        damaged[int(name)] = f"checkpoint {where} is damaged: {problem}."
+  return damaged
+
+
+def set_aside_damaged_metrics(workdir: str) -> None:
+  """Moves the checkpoints of `workdir` whose metrics file is damaged aside (`set_aside`), on
+  process 0 (the others wait), before any manager opens: training's first step."""
+  directory = checkpoint_dir(workdir)
+  distributed.on_process_0(lambda: _move_aside(directory, _damaged_metrics(directory)),
+                           "setting checkpoints with damaged metrics aside")
+
+
+def _refuse_damaged_metrics(directory: str) -> None:
+  """Raises DamagedCheckpointError naming the first checkpoint with a damaged metrics file, for
+  a reader that may not move it (evaluation)."""
+  for problem in _damaged_metrics(directory).values():
+    raise checkpoint_damage.DamagedCheckpointError(
+        f"{problem[:-1]}: nothing can be read from {directory} until it is moved out (train.py "
+        f"on this --workdir sets it aside into {workdir_files.DAMAGED_DIR}/).")
 
 
 def newest_step(workdir: str) -> int | None:
@@ -286,16 +320,22 @@ def set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
   """Moves the folders of `steps` (damaged checkpoints) to `<workdir>/damaged_checkpoints/`
   (`workdir_files.DAMAGED_DIR`), out of the manager's sight, so that the run can save those steps
   again; nothing is deleted."""
-  def move() -> None:
-    for step in steps:
-      target = os.path.join(os.path.dirname(str(manager.directory)), workdir_files.DAMAGED_DIR,
-                            f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      os.rename(step_dir(manager, step), target)
-      logging.warning("Moved the damaged checkpoint of step %d to %s.", step, target)
-
-  distributed.on_process_0(move, "setting damaged checkpoints aside")  # the others wait for it
+  distributed.on_process_0(  # the others wait for it
+      lambda: _move_aside(str(manager.directory), {step: "" for step in steps}),
+      "setting damaged checkpoints aside")
   manager.reload()
+
+
+def _move_aside(directory: str, damaged: dict[int, str]) -> None:
+  """Moves the checkpoints `damaged` (step -> what is wrong, logged) of `directory` to
+  `<workdir>/damaged_checkpoints/<step>.<time>`."""
+  for step, problem in damaged.items():
+    target = os.path.join(os.path.dirname(directory), workdir_files.DAMAGED_DIR,
+                          f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(os.path.join(directory, str(step)), target)
+    logging.warning("%sMoved the damaged checkpoint of step %d to %s.",
+                    f"{problem} " if problem else "", step, target)
 
 
 def resolve_step(manager: ocp.CheckpointManager, checkpoint: str | int) -> int:

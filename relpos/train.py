@@ -127,6 +127,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
   os.makedirs(workdir, exist_ok=True)
   with locks.hold(workdir):
     metrics_writer.read_metrics(workdir)  # a damaged metrics.jsonl stops before any write
+    checkpoints.set_aside_damaged_metrics(workdir)  # no manager opens with one
     resuming = checkpoints.newest_step(workdir) is not None
     changes = config_changes.check_resume(config, workdir, resuming=resuming)
     task = pipeline.get_task(config.task)

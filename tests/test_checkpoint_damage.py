@@ -1,4 +1,6 @@
 """Tests for relpos.checkpoint_damage: what counts as damage, and the one line a user reads."""
+import os
+
 import pytest
 
 from relpos import checkpoint_damage
@@ -49,3 +51,20 @@ def test_json_problem_names_missing_empty_and_truncated_files(tmp_path):
   assert problem.startswith("a.json is not valid JSON (") and problem.endswith("; truncated?)")
   (tmp_path / "a.json").write_text('{"step": 3}')
   assert checkpoint_damage.json_problem(str(tmp_path), "a.json") is None
+  (tmp_path / "b.json").mkdir()
+  assert checkpoint_damage.json_problem(str(tmp_path), "b.json") == "b.json is a folder, not a file"
+
+
+def test_json_problem_passes_no_permission_on_as_no_damage(tmp_path, monkeypatch):
+  """An unreadable folder is not a missing file: the good checkpoint must not be set aside."""
+  real_stat = os.stat
+
+  def no_permission(path, *args, **kwargs):
+    if str(path).startswith(str(tmp_path)):
+      raise PermissionError(13, "Permission denied", path)
+    return real_stat(path, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint_damage.os, "stat", no_permission)
+  with pytest.raises(PermissionError):
+    checkpoint_damage.json_problem(str(tmp_path), "state/_METADATA")
+  assert issubclass(PermissionError, checkpoint_damage.NOT_DAMAGE)

@@ -6,6 +6,7 @@ saved by an earlier commit (tests/saved_run.py) restores, computes and resumes a
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,10 @@ def _damage(kind: str, step_dir: str) -> str:
   if kind == "missing_array_files":
     shutil.rmtree(os.path.join(step_dir, "state", "ocdbt.process_0", "d"))
     return "reading it failed: "
+  if kind == "empty_metrics":  # Orbax reads every checkpoint's as a manager opens
+    os.makedirs(os.path.join(step_dir, "metrics"), exist_ok=True)
+    open(os.path.join(step_dir, checkpoints.METRICS_FILE), "w").close()
+    return "metrics/metrics is empty"
   if kind == "empty_iterator_state":
     open(os.path.join(step_dir, "data", "process_0-of-1.json"), "w").close()
     return "data/process_0-of-1.json is empty"
@@ -113,9 +118,10 @@ def damaged_copy(reference: str, workdir: str, kind: str) -> tuple[str, str]:
   return newest, _damage(kind, newest)
 
 
-@pytest.mark.parametrize(
-    "kind",
-    ["truncated_metadata", "missing_array_files", "empty_iterator_state", "empty_step_folder"])
+@pytest.mark.parametrize("kind", [
+    "truncated_metadata", "missing_array_files", "empty_iterator_state", "empty_step_folder",
+    "empty_metrics"
+])
 def test_training_resumes_from_the_checkpoint_before_a_damaged_one(kind, reference, data_dir,
                                                                    tmp_path, caplog):
   workdir = str(tmp_path / "run")
@@ -158,6 +164,21 @@ def test_evaluating_latest_skips_a_damaged_checkpoint(kind, reference, data_dir,
                      match=f"{newest} is damaged: {problem}"):
     evaluate.restore_model(workdir, validated, 30, device_mesh.make_mesh())
   assert os.path.isdir(newest)  # evaluation moves nothing
+
+
+def test_evaluating_beside_a_damaged_metrics_file_is_refused_naming_it(
+    reference, data_dir, tmp_path):
+  """Orbax reads every checkpoint's metrics as a manager opens: evaluation, which moves
+  nothing, cannot read past one and says which and what sets it aside."""
+  workdir = str(tmp_path / "run")
+  newest, problem = damaged_copy(reference, workdir, "empty_metrics")
+  validated = run_config.validate(make_config(data_dir, KILL_RUN))
+  with pytest.raises(
+      checkpoint_damage.DamagedCheckpointError,
+      match=re.escape(f"checkpoint {newest} is damaged: {problem}: nothing can be "
+                      "read from ") + r".* \(train.py on this --workdir sets it aside"):
+    evaluate.restore_model(workdir, validated, "latest", device_mesh.make_mesh())
+  assert os.path.isdir(newest)
 
 
 def test_eval_py_past_a_damaged_checkpoint_prints_its_warnings_and_no_traceback(
