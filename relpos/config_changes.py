@@ -126,11 +126,16 @@ def check_resume(config: run_config.RunConfig, workdir: str, *,
     ValueError: (`resuming`) a field that would change the tokenizer or the model under the
       checkpoints' parameters, the ranking of checkpoints or how validations are measured, the
       optimizer state's form, or the meaning of the saved data position changed, naming it,
-      both values, the file and what to do; or
-      the file is not a valid config (named).
+      both values, the file and what to do; the file is not a valid config (named); or
+      (`resuming`) it is missing: what the checkpoints were trained with is then unknown.
   """
   path = os.path.join(workdir, workdir_files.CONFIG_FILE)
   if not os.path.exists(path):
+    if resuming:  # written before the first checkpoint: deleted, or a partial copy
+      raise ValueError(
+          f"{path} is missing, but {workdir} holds checkpoints: the config they were trained "
+          "with is unknown, so a changed field would go unnoticed. Put the run's config.json "
+          "back, or train in a new --workdir.")
     return []
   changed = differences(run_config.read(path), config)
   fixed = [d for d in changed if _resume_effect(d, config) in _FIXED_ON_RESUME]

@@ -207,3 +207,15 @@ def test_resume_allows_decoding_under_loss_ranking_and_a_clipping_norm_above_zer
   config.train.grad_clip_norm = 2.0
   config_changes.check_resume(run_config.validate(config), workdir, resuming=True)
   assert "decode.beam_size=2->1" in caplog.text and "train.grad_clip_norm=1.0->2.0" in caplog.text
+
+
+def test_resuming_without_config_json_stops_a_start_from_scratch_does_not(tmp_path):
+  """config.json is written before the first checkpoint: checkpoints without it (deleted, a
+  partial copy) were trained with a config nothing can compare the new one with."""
+  config = run_config.validate(tiny.get_config())
+  assert config_changes.check_resume(config, str(tmp_path), resuming=False) == []
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{tmp_path}/config.json is missing, but {tmp_path} holds checkpoints: the config they "
+          "were trained with is unknown")):
+    config_changes.check_resume(config, str(tmp_path), resuming=True)
