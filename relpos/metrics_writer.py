@@ -166,14 +166,17 @@ def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
 ConfigChange = tuple[str, Any, Any]
 
 
-def record_start(
-    workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None, *,
-    tokenizer_sha256: str | None = None, config_changes: Sequence[ConfigChange] = ()) -> None:
+def record_start(workdir: str, step: int, commit: str, variant_code: dict[str, Any] | None = None,
+                 *, tokenizer_sha256: str | None = None,
+                 config_changes: Sequence[ConfigChange] = (),
+                 train_examples: dict[str, Any] | None = None) -> None:
   """Appends a start of the run (UTC time, the step it starts from, the source commit, the
   host, its usable CPU cores, its CPU (`host_cpu`) and device kind, the code of a position
   variant of the user's own: `user_modules.variant_code`, the SHA-256 of the tokenizer it
-  trains with, and the config fields changed since the last start as {"field", "before",
-  "after"}: `config_changes.check_resume`) to `workdir/starts.jsonl` (process 0)."""
+  trains with, the config fields changed since the last start as {"field", "before",
+  "after"}: `config_changes.check_resume`, and what task.max_length did to the training
+  examples, {"num_examples", "num_overlong", "action"}: `pipeline.FilterStats`) to
+  `workdir/starts.jsonl` (process 0)."""
   if jax.process_index() != 0:
     return
   record = {
@@ -185,6 +188,8 @@ def record_start(
     record["variant_code"] = variant_code
   if tokenizer_sha256 is not None:
     record["tokenizer_sha256"] = tokenizer_sha256
+  if train_examples is not None:
+    record["train_examples"] = train_examples
   if config_changes:
     record["config_changes"] = [{"field": field, "before": before, "after": after}
                                 for field, before, after in config_changes]

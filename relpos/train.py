@@ -98,7 +98,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | run_config.RunConfig,
     metrics_writer.record_start(workdir, int(opened.state["step"]), source_tree.commit(),
                                 user_modules.variant_code(config.model.position),
                                 tokenizer_sha256=opened.task.tokenizer.sha256(),
-                                config_changes=opened.config_changes)
+                                config_changes=opened.config_changes,
+                                train_examples=dataclasses.asdict(opened.task.train_examples()[1]))
     return _train_loop(config, workdir, steps, opened, started)
 
 
@@ -138,6 +139,7 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
     manager = checkpoints.make_manager(
         workdir, keep=config.train.keep_checkpoints,
         scheduled=functools.partial(checkpoint_schedule.on_schedule, train_config=config.train))
+    train_iterator = None
     try:
       train_iterator = task.train_iterator(config.train.batch_size, seed=config.seed,
                                            shard_index=jax.process_index(),
@@ -146,7 +148,11 @@ def open_workdir(config: run_config.RunConfig, workdir: str,
       run_config.write_to(config, workdir)  # once the checkpoints are known to fit the config
       yield Opened(task, manager, train_iterator, state, tuple(changes))
     finally:
-      manager.close()
+      try:
+        manager.close()
+      finally:  # its prefetch thread, running at exit after an error, aborts Python (134)
+        if train_iterator is not None:
+          train_iterator.close()
 
 
 def initial_state(config: run_config.RunConfig, steps: steps_lib.Steps,

@@ -103,6 +103,18 @@ def test_builder_from_folder(raw_dir, tmp_path):
   assert os.path.basename(task.tokenizer.path) == "multi30k-en-de-1.0.0-unigram-120-seed0.model"
 
 
+def test_manual_dir_expands_home_and_a_missing_one_is_named_once_prepared(
+    raw_dir, tmp_path, monkeypatch, caplog):
+  """`--config.task.manual_dir=~/m30k` reaches Python unexpanded; once the data is prepared the
+  folder is not read, and one that is gone (a typo, another machine) is said, not ignored."""
+  monkeypatch.setenv("HOME", str(raw_dir.parent))
+  dataset = multi30k.load(_task_config(tmp_path, manual_dir=f"~/{raw_dir.name}"), str(tmp_path))
+  assert "train" in dataset.splits
+  multi30k.load(_task_config(tmp_path, manual_dir="~/nowhere"), str(tmp_path))
+  assert (f"task.manual_dir {raw_dir.parent}/nowhere does not exist: using the Multi30K "
+          f"prepared in {tmp_path}") in caplog.text
+
+
 def test_other_language_pair_and_optional_split(raw_dir, tmp_path):
   directory = tmp_path / "raw"
   shutil.copytree(raw_dir, directory)

@@ -193,12 +193,25 @@ def test_bucketed_hosts_take_contiguous_rows_of_the_same_global_batch(bucketed_t
 @pytest.mark.parametrize("overlong", ["filter", "truncate"])
 def test_overlong_examples_are_counted(data_dir, overlong, caplog):
   task = pipeline.Task(_task_config(data_dir, max_length=12, overlong=overlong))
-  with caplog.at_level("INFO"):
+  with caplog.at_level("WARNING"):  # what a run shows by default
     examples, stats = task.train_examples()
+  everything = task.eval_examples("train")  # the split untouched, in the same order
+  sides = [(everything[i]["inputs"], everything[i]["targets"]) for i in range(len(everything))]
+  overlong_ones = [i for i, pair in enumerate(sides) if max(map(len, pair)) > 12]
+  assert any(max(map(len, pair)) == 12 for pair in sides)  # the limit itself is kept
   assert stats.num_examples == NUM_TRAIN and stats.action == overlong
-  assert 0 < stats.num_overlong < NUM_TRAIN
-  assert f"{stats.num_overlong} of {NUM_TRAIN} examples have more than" in caplog.text
+  assert stats.num_overlong == len(overlong_ones) > 0
+  assert f"{stats.num_overlong} of {NUM_TRAIN} examples (" in caplog.text
   assert len(examples) == (NUM_TRAIN - stats.num_overlong if overlong == "filter" else NUM_TRAIN)
+  if overlong == "filter":  # the others, whole and in order
+    kept = [pair for i, pair in enumerate(sides) if i not in set(overlong_ones)]
+    for i in range(0, len(examples), 37):
+      assert [list(examples[i][key]) for key in ("inputs", "targets")] == list(map(list, kept[i]))
+  if overlong == "truncate":  # the first 11 ids of each side, then EOS
+    for i in overlong_ones[:20]:
+      for key, ids in zip(("inputs", "targets"), sides[i]):
+        expected = list(ids) if len(ids) <= 12 else list(ids[:11]) + [tokenizer_lib.EOS_ID]
+        assert list(examples[i][key]) == expected
   for key in pipeline.FEATURES:
     assert examples.lengths(key).max() <= 12
     for i in range(len(examples)):  # one EOS, at the end

@@ -113,6 +113,11 @@ def test_resuming_with_another_tokenizer_stops_before_restoring(trained, tmp_pat
   starts = metrics_writer.read_starts(workdir)
   assert {s["tokenizer_sha256"] for s in starts
          } == {pipeline.get_task(config.task).tokenizer.sha256()}
+  filtered = pipeline.get_task(config.task).train_examples()[1]  # what max_length left out
+  assert starts[-1]["train_examples"] == {
+      "num_examples": filtered.num_examples, "num_overlong": filtered.num_overlong,
+      "action": config.task.overlong
+  }
   copy = str(tmp_path / "run")
   shutil.copytree(workdir, copy)
   metrics_writer.record_start(copy, NUM_STEPS, "abc1234", tokenizer_sha256="0" * 64)
@@ -231,3 +236,24 @@ def test_a_checkpoints_file_stops_training_and_evaluation_before_any_step(data_d
   run_config.write_to(run_config.validate(tiny_config(data_dir)), workdir)
   with pytest.raises(ValueError, match=message):
     evaluate.evaluate_checkpoint(workdir, split="validation")
+
+
+def test_an_unexpected_error_in_training_stops_the_data_thread(data_dir, tmp_path, monkeypatch):
+  """The training iterator prefetches on a thread; one still running when Python exits after an
+  error aborts it (status 134, "terminate called without an active exception")."""
+  opened_iterators = []
+  train_iterator = pipeline.Task.train_iterator
+
+  def recorded(self, *args, **kwargs):
+    opened_iterators.append(train_iterator(self, *args, **kwargs))
+    return opened_iterators[-1]
+
+  def fails(*args, **kwargs):
+    raise RuntimeError("a bug")
+
+  monkeypatch.setattr(pipeline.Task, "train_iterator", recorded)
+  monkeypatch.setattr(train, "_train_loop", fails)
+  with pytest.raises(RuntimeError, match="a bug"):
+    train.train_and_evaluate(tiny_config(data_dir, num_steps=2), str(tmp_path / "run"))
+  [iterator] = opened_iterators
+  assert iterator._closed  # pylint: disable=protected-access

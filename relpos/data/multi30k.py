@@ -169,15 +169,19 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
     FileNotFoundError: a missing file or a failed download (named).
   """
   source, target = task_config.source_lang, task_config.target_lang
-  raw_dir = task_config.manual_dir or os.path.join(root, "downloads", "multi30k")
+  manual_dir = os.path.expanduser(task_config.manual_dir or "")  # (a shell leaves "=~/x" be)
+  raw_dir = manual_dir or os.path.join(root, "downloads", "multi30k")
 
   def download_and_prepare(builder: Multi30k) -> None:
-    if not task_config.manual_dir:
+    if not manual_dir:
       download(task_config.download_url or DEFAULT_URL, raw_dir, (source, target))
     datasets.prepare(builder)
 
   builder = datasets.prepared(
       lambda: Multi30k(raw_dir=raw_dir, config=Multi30kConfig(source, target), data_dir=root,
                        file_format=datasets.FILE_FORMAT), download_and_prepare)
+  if manual_dir and not os.path.isdir(manual_dir):  # read only to prepare the data
+    logging.warning("task.manual_dir %s does not exist: using the Multi30K prepared in %s.",
+                    manual_dir, builder.data_dir)
   splits = tuple(split for split in SPLIT_STEMS if split in builder.info.splits)
   return datasets.PairDataset(builder, splits)

@@ -259,10 +259,12 @@ class Task:
 
     examples = self._tokenize("train", limit)
     stats = FilterStats(counts["all"], counts["overlong"], action)
-    logging.info(
-        "Task %s, train split: %d of %d examples have more than task.max_length=%d "
-        "tokens on a side (overlong=%s).", self.name, stats.num_overlong, stats.num_examples,
-        max_length, action)
+    if stats.num_overlong:  # (a run's start record keeps the counts: `train.train_and_evaluate`)
+      logging.warning(
+          "Task %s, train split: %d of %d examples (%.1f%%) have more than task.max_length=%d "
+          "tokens on a side: %s (task.overlong=%s).", self.name, stats.num_overlong,
+          stats.num_examples, 100 * stats.num_overlong / stats.num_examples, max_length,
+          "left out" if action == "filter" else "cut to fit, ending with eos", action)
     if not len(examples):
       raise ValueError(f"no training example of task {self.name!r} fits "
                        f"task.max_length={max_length}.")
