@@ -89,17 +89,20 @@ class LibraryNoiseFilter(python_logging.Filter):
 
 LIBRARY_NOISE = LibraryNoiseFilter()
 
+# asyncio's reports of a task's, or a future's, exception that no one asked for.
+UNRETRIEVED_MESSAGES = ("Task exception was never retrieved",
+                        "Future exception was never retrieved")
+
 
 class UnretrievedReadFilter(python_logging.Filter):
-  """Drops asyncio's "Task exception was never retrieved" records of an abandoned read
+  """Drops asyncio's "Task (or Future) exception was never retrieved" records of an abandoned read
   (`_is_abandoned_read`) in Orbax's code: the sibling reads of a checkpoint read that
   failed (a checkpoint that training deleted while `eval.py` read it, or a truncated one), whose
   first error Orbax raised and relpos handled (`relpos.checkpoints.restore_newest`). Each carried
   a tensorstore spec of 1,000 characters."""
   def filter(self, record: python_logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    if not (_is_abandoned_read(error) and
-            str(record.msg).startswith("Task exception was never retrieved")):
+    if not (_is_abandoned_read(error) and str(record.msg).startswith(UNRETRIEVED_MESSAGES)):
       return True
     return not _raised_in("orbax", error.__traceback__)
 

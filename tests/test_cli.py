@@ -205,19 +205,27 @@ FAILING_WRAPPED_READ = _wrapped_read('ValueError("FAILED_PRECONDITION: Truncated
                                      'stream")')
 
 
-def _unretrieved_read(folder, source: str) -> None:
+def _unretrieved_read(folder, source: str, kind: str = "task") -> None:
   """Runs `read` of `source` written in `folder`/reader.py as a task whose exception is never
-  retrieved (as the sibling reads of a failed checkpoint read are), then collects it."""
+  retrieved (as the sibling reads of a failed checkpoint read are), or (`kind` "future") hands
+  what it raised to a future no one asks, then collects it."""
   folder.mkdir(parents=True)
   (folder / "reader.py").write_text(source)
   namespace = {}
   code = compile(source, str(folder / "reader.py"), "exec")
   exec(code, namespace)  # pylint: disable=exec-used
   loop = asyncio.new_event_loop()
-  task = loop.create_task(namespace["read"]())
-  loop.run_until_complete(asyncio.sleep(0))
+  if kind == "task":
+    waited = loop.create_task(namespace["read"]())
+    loop.run_until_complete(asyncio.sleep(0))
+  else:
+    waited = loop.create_future()
+    try:
+      loop.run_until_complete(namespace["read"]())
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      waited.set_exception(e)
   loop.close()
-  del task
+  del waited
   gc.collect()
 
 
@@ -225,18 +233,19 @@ def _unretrieved_read(folder, source: str) -> None:
 LATE_READ = _wrapped_read('RuntimeError("Event loop is closed")')
 
 
+@pytest.mark.parametrize("kind", ["task", "future"])
 @pytest.mark.parametrize("source", [FAILING_READ, FAILING_WRAPPED_READ, LATE_READ],
                          ids=["raw", "wrapped", "late"])
 def test_start_drops_asyncio_reports_of_orbax_reads_left_unretrieved(parsed_flags, tmp_path, caplog,
-                                                                     source):
+                                                                     source, kind):
   """eval.py beside training printed four of them, each with a tensorstore spec."""
   gc.collect()  # tasks that earlier tests left unretrieved are reported now, not below
   caplog.clear()
   cli.start("")
-  _unretrieved_read(tmp_path / "site-packages" / "orbax" / "checkpoint", source)
+  _unretrieved_read(tmp_path / "site-packages" / "orbax" / "checkpoint", source, kind)
   assert "never retrieved" not in caplog.text
-  _unretrieved_read(tmp_path / "mine", source)  # not Orbax's: kept
-  assert "Task exception was never retrieved" in caplog.text
+  _unretrieved_read(tmp_path / "mine", source, kind)  # not Orbax's: kept
+  assert f"{kind.title()} exception was never retrieved" in caplog.text
 
 
 def _unraisable(error: BaseException, filename: str) -> types.SimpleNamespace:
