@@ -487,3 +487,20 @@ def test_translations_cut_at_the_decode_budget_are_counted_in_a_warning(caplog):
         "the batch's padded source length + 10, at most model.max_len) without ending: they are "
         "cut there."
     ] if cut else [])
+
+
+def test_the_python_api_page_restores_and_translates_as_eval_py_does(run, tmp_path):
+  """docs/api.md's "A trained run in Python" block, run on a trained workdir."""
+  _, workdir, _ = run
+  with open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8") as f:
+    page = f.read()
+  section = page.split("## A trained run in Python", 1)[1]
+  code = section.split("```python\n", 1)[1].split("```", 1)[0]
+  assert 'workdir = "runs/rel_k"\n' in code
+  namespace = {}
+  exec(code.replace('"runs/rel_k"', repr(workdir)), namespace)  # pylint: disable=exec-used
+  result = evaluate.evaluate_checkpoint(workdir, checkpoint="best", split="test",
+                                        output_dir=str(tmp_path))
+  assert namespace["step"] == result["step"]
+  with open(result["translations_file"], encoding="utf-8") as f:
+    assert namespace["translations"] == f.read().splitlines()[:2]
