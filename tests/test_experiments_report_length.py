@@ -29,6 +29,7 @@ def test_length_table_columns_and_diagnostics():
           "10% ± 0% | 50% ± 0% |") in text
   assert "BLEU → BLEU at oracle length, by source length (words), test_long:" in text
   assert "| abs | 30.0 ± 1.0 → 64.0 ± 1.0 | 28.0 ± 1.0 → 62.0 ± 1.0 |" in text
+  assert "| sentences | 10 | 10 |" in text  # under each bucket table, from length_statistics
   assert "| abs | 0.90 ± 0.00 (60% ± 0% short) | 0.70 ± 0.00 (60% ± 0% short) |" in text
   # Positions 0-7: 100%; 8-15: (4 x 20 x 0.5 + 4 x 9 x 0) / (4 x 20 + 4 x 9) = 34.5%.
   assert "| row | 0-7 | 8-15 | eos |" in text

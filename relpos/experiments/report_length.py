@@ -133,13 +133,18 @@ def length_table_lines(runs: list[dict], rows: list[str]) -> list[str]:
 
 def bucket_table(runs: list[dict], rows: list[str], table: str, split: str, title: str,
                  cell) -> list[str]:
-  """A row x source-length bucket table; cell(runs of the row, bucket) -> text."""
+  """A row x source-length bucket table; cell(runs of the row, bucket) -> text; below the rows,
+  the sentences each bucket holds where the runs count them (a mean over 2 sentences is
+  noise)."""
   buckets = length_buckets(runs, split)
   if not buckets:
     return []
   cell_rows = [
       [row] + [cell(verdicts.runs_of_row(runs, table, row), b) for b in buckets] for row in rows
   ]
+  counts = [sentences_at_length(runs, split, b) for b in buckets]
+  if any(count is not None for count in counts):
+    cell_rows.append(["sentences", *("–" if c is None else str(c) for c in counts)])
   return [title, "", *markdown.table(["row", *map(bucket_label, buckets)], cell_rows), ""]
 
 
