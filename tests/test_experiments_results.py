@@ -84,18 +84,8 @@ def test_restore_brings_back_every_table_of_the_folder_so_publishing_keeps_them(
 def test_a_restore_killed_midway_leaves_no_run_folder_and_is_done_again(tmp_path, monkeypatch):
   """A run folder without its result.json reads as a run begun, which the table trains again
   from step 0: a restore killed before its result.json was written leaves none."""
-  published_dir = tmp_path / "published"
-  (published_dir / results.TRANSLATIONS_DIR / "synthetic-ablation-abs-seed0").mkdir(parents=True)
-  (published_dir / results.TRANSLATIONS_DIR / "synthetic-ablation-abs-seed0" /
-   "t.txt").write_text("x\n")
-  published = published_dir / "results.json"
-  published.write_text(
-      json.dumps({
-          "runs": [{
-              "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
-              "config": {}, "workdir": "runs/synthetic-ablation-abs-seed0"
-          }]
-      }))
+  published = _published_abs_run(tmp_path / "published", "synthetic-ablation-abs-seed0",
+                                 "runs/synthetic-ablation-abs-seed0")
   lost = tmp_path / "lost"
   killed = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt())
   monkeypatch.setattr(results.json_files, "write_json", killed)
@@ -124,16 +114,8 @@ def test_a_run_published_under_an_older_folder_name_is_restored_where_the_table_
   """Runs published before the task led the folder name (`ablation-abs-seed0`) come back under
   the name the table finds them by, with their translations, and are not trained again."""
   published_dir = tmp_path / "published"
-  (published_dir / results.TRANSLATIONS_DIR / "ablation-abs-seed0").mkdir(parents=True)
-  (published_dir / results.TRANSLATIONS_DIR / "ablation-abs-seed0" / "t.txt").write_text("x\n")
-  published = published_dir / "results.json"
-  published.write_text(
-      json.dumps({
-          "runs": [{
-              "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
-              "config": {}, "workdir": "/old/machine/runs/ablation-abs-seed0"
-          }]
-      }))
+  published = _published_abs_run(published_dir, "ablation-abs-seed0",
+                                 "/old/machine/runs/ablation-abs-seed0")
   out = str(tmp_path / "out")
   [workdir] = results.restore_published(str(published), out, table="ablation", task="synthetic")
   assert os.path.basename(workdir) == "synthetic-ablation-abs-seed0"
@@ -147,13 +129,27 @@ def test_two_folders_holding_one_run_are_refused_not_counted_as_two_seeds(tmp_pa
   for name in ("ablation-abs-seed0", "synthetic-ablation-abs-seed0"):
     path = tmp_path / results.RUNS_DIR / name / results.RESULT_FILE
     path.parent.mkdir(parents=True)
-    path.write_text(
-        json.dumps({
-            "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {},
-            "config": {}, "workdir": f"runs/{name}"
-        }))
+    path.write_text(json.dumps(_abs_result(f"runs/{name}")))
   with pytest.raises(
       ValueError, match=re.escape(
           "runs/ablation-abs-seed0 and runs/synthetic-ablation-abs-seed0 both hold a result of row "
           "abs seed 0 (ablation on synthetic): move one out of")):
     results.collect(str(tmp_path))
+
+
+def _published_abs_run(published_dir, folder: str, workdir: str) -> str:
+  """Writes `published_dir`/results.json holding one finished run, synthetic ablation `abs`
+  seed 0 run in `workdir`, with its translations under `folder`; returns its path."""
+  translations = published_dir / results.TRANSLATIONS_DIR / folder
+  translations.mkdir(parents=True)
+  (translations / "t.txt").write_text("x\n")
+  published = published_dir / "results.json"
+  published.write_text(json.dumps({"runs": [_abs_result(workdir)]}))
+  return str(published)
+
+
+def _abs_result(workdir: str) -> dict:
+  return {
+      "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {}, "config": {},
+      "workdir": workdir
+  }
