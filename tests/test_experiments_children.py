@@ -127,7 +127,9 @@ def test_a_signal_stops_the_children_and_data_is_prepared_before_them(tmp_path, 
                              rows=["none", "abs",
                                    "rel_kv"], parallel=2, overrides=tiny_table.overrides(data_dir))
   printed = capsys.readouterr().out
-  assert outputs["preempted"] and outputs["failed"] == logs(["none"])
+  assert outputs["preempted"] and outputs["failed"] == [
+      f"synthetic-ablation-none-seed0: see {logs(['none'])[0]}"
+  ]
   assert "run 1 of 3 failed: synthetic-ablation-none-seed0 (exit status 1); log: " in printed
   assert "none failed" in open(logs(["none"])[0]).read()
   # two at once: rel_kv started only when none had ended

@@ -70,6 +70,14 @@ def test_translations_equal_to_the_baselines_differ_with_p_1():
   assert other["p_value"] < 1.0
 
 
+def test_two_systems_scoring_0_differ_with_p_1():
+  """Other translations, each BLEU 0 on every resample (a barely trained run): sacreBLEU
+  found their difference of 0 significant, p = 1 / 1001."""
+  references = ["the cat sat on the mat ."] * 20
+  zero, = paired.paired_bootstrap(references, ["x y z"] * 20, [["p q"] * 20])
+  assert (zero["bleu"], zero["baseline_bleu"], zero["p_value"]) == (0.0, 0.0, 1.0)
+
+
 def _run(tmp_path, row: str, seed: int, translations: list[str] | None, table="ablation") -> dict:
   """A finished run's result, with its translations of `test` in its eval/ folder."""
   workdir = f"runs/{row}-seed{seed}"

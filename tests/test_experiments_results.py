@@ -153,3 +153,17 @@ def _abs_result(workdir: str) -> dict:
       "table": "ablation", "row": "abs", "seed": 0, "task": "synthetic", "scores": {}, "config": {},
       "workdir": workdir
   }
+
+
+def test_rows_off_the_tables_lists_follow_them_a_k_by_its_number(tmp_path):
+  for row, seed in (("k=12", 0), ("k=3", 1), ("k=1", 0), ("k=3", 0)):
+    name = f"synthetic-k_sweep-{row.replace('=', '')}-seed{seed}"
+    path = tmp_path / results.RUNS_DIR / name / results.RESULT_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({
+            **_abs_result(f"runs/{name}"), "table": "k_sweep", "row": row, "seed": seed,
+            "k": int(row[2:])
+        }))
+  assert [(r["row"], r["seed"]) for r in results.collect(str(tmp_path))
+         ] == [("k=1", 0), ("k=3", 0), ("k=3", 1), ("k=12", 0)]  # k=1 is of the paper's grid

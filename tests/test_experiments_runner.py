@@ -183,6 +183,17 @@ def test_rerun_skips_finished_rows(finished_table, monkeypatch):
       os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "result.json")) == before
 
 
+def test_a_k_reads_as_its_number_and_a_row_given_twice_is_refused():
+  """k=03 was trained beside k=3 as another row, the same run twice (the k plot showed them
+  as two seeds of one k, std 0)."""
+  assert runner.table_rows("k_sweep", ["k=03", "k=8"]) == ["k=3", "k=8"]
+  with pytest.raises(ValueError,
+                     match=re.escape("row 'k=3' is given more than once in --rows (k=3, k=03).")):
+    runner.table_rows("k_sweep", ["k=3", "k=03"])
+  with pytest.raises(ValueError, match=re.escape("row 'abs' is given more than once")):
+    runner.table_rows("ablation", ["abs", "rel_kv", "abs"])
+
+
 def test_unknown_row_and_override_fail_before_any_work(tmp_path):
   with pytest.raises(ValueError, match="row 'k=4' is not in table 'ablation'"):
     runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=str(tmp_path),
@@ -236,7 +247,8 @@ def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(
   _, in_process_dir, _ = finished_table
   output_dir, outputs, printed = parallel_table
   rel_kv_log = os.path.join(output_dir, "runs", "synthetic-ablation-rel_kv-seed0", "run.log")
-  assert outputs["failed"] == [rel_kv_log] and not outputs["preempted"]
+  assert outputs["failed"] == [f"synthetic-ablation-rel_kv-seed0: see {rel_kv_log}"]
+  assert not outputs["preempted"]
   assert re.search(
       r"run [12] of 2 failed: synthetic-ablation-rel_kv-seed0 \(killed by SIGKILL\); "
       r"log: " + re.escape(rel_kv_log), printed)
@@ -284,6 +296,30 @@ def _copy_table(finished_table, tmp_path) -> tuple[str, dict[str, object]]:
   copy = str(tmp_path / "out")
   shutil.copytree(output_dir, copy)
   return copy, tiny_table.overrides(str(root / "tfds"))
+
+
+def test_a_run_failing_in_process_is_named_and_the_others_go_on(finished_table, tmp_path,
+                                                                monkeypatch, capsys, caplog):
+  """As a child's failure does: with --parallel=1 the first failure ended the table, the runs
+  after it never trained and no table was written."""
+  output_dir, overrides = _copy_table(finished_table, tmp_path)
+  for row in ("abs", "rel_kv"):  # both evaluated again
+    os.remove(os.path.join(output_dir, "runs", f"synthetic-ablation-{row}-seed0", "result.json"))
+  evaluate_run = single_run.evaluate_run
+
+  def abs_fails(workdir):
+    if "-abs-" in workdir:
+      raise RuntimeError("a bug in evaluation")
+    return evaluate_run(workdir)
+
+  monkeypatch.setattr(single_run, "evaluate_run", abs_fails)
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs", "rel_kv"], overrides=overrides)
+  assert outputs["failed"] == ["synthetic-ablation-abs-seed0: a bug in evaluation"]
+  assert "run 1 of 2 failed: synthetic-ablation-abs-seed0: a bug in evaluation" in (
+      capsys.readouterr().out)
+  assert "Traceback" in caplog.text or "a bug in evaluation" in caplog.text  # a bug: logged
+  assert [r["row"] for r in json.load(open(outputs["results"]))["runs"]] == ["rel_kv"]
 
 
 def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work(

@@ -49,8 +49,9 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
     (1 + the number of resamples whose absolute difference, less its mean over the resamples,
     exceeds the observed one) / (1 + resamples), as Moses' bootstrap-hypothesis-difference-
     significance.pl; the signature names the number of resamples and their seed. A system
-    whose translations are the baseline's, sentence for sentence, gets p = 1: sacreBLEU's test
-    gives it its least p, 1 / (1 + resamples), no resample differing from the observed 0.
+    whose BLEU equals the baseline's gets p = 1: where every resample's difference is 0 too
+    (the same translations, or two that score 0 on every resample), sacreBLEU's test gives it
+    its least p, 1 / (1 + resamples), no resample differing from the observed 0.
   """
   named = [("baseline", list(baseline))] + [(f"system{i}", list(s)) for i, s in enumerate(systems)]
   test = significance.PairedTest(named, {"BLEU": BLEU()}, [list(references)], test_type="bs",
@@ -60,9 +61,9 @@ def paired_bootstrap(references: Sequence[str], baseline: Sequence[str],
   return [{
       "bleu": float(other.score), "baseline_bleu": float(base.score),
       "difference": float(other.score - base.score),
-      "p_value": 1.0 if list(system) == list(baseline) else float(other.p_value),
+      "p_value": 1.0 if other.score == base.score else float(other.p_value),
       "signature": str(signatures["BLEU"])
-  } for other, system in zip(others, systems)]
+  } for other in others]
 
 
 def _records_score(json_path: str, scored: dict[str, Any]) -> bool:

@@ -110,7 +110,11 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
   order = {}
   for key in ((t, r) for t in tables.TABLES for r in (*tables.TABLES[t], *tables.ROWS)):
     order.setdefault(key, len(order))
-  return sorted(runs, key=lambda r: (order.get((r["table"], r["row"]), len(order)), r["seed"]))
+  # Rows outside the tables' lists (a k off the paper's grid, a variant of one's own) after
+  # them: a k by its number (k=12 after k=3), the others by name; each row's seeds in order.
+  return sorted(
+      runs, key=lambda r: (order.get(
+          (r["table"], r["row"]), len(order)), r.get("k") or 0, r["row"], r["seed"]))
 
 
 def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, Any]:

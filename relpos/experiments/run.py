@@ -21,8 +21,8 @@ r"""Runs a table of experiments: every row and seed, then results.json, table.md
 
 Rerunning the same command skips finished runs and resumes an interrupted one; a finished run
 made with another config stops it before any work (or, with --retrain_changed, is trained
-again). A second table on the same --output_dir is refused. The exit status is 1 when a run
-failed (its log is named).
+again). A second table on the same --output_dir is refused. A run that fails is named with
+its error (or, in a process of its own, its log), the others go on, and the exit status is 1.
 
 A long table on a shared machine (hours per run): start it detached and at low priority, with
 its output folder outside the source tree; rerun the same command after any stop, and the same
@@ -194,8 +194,8 @@ def main(argv: Sequence[str]) -> None:
   if outputs["preempted"]:
     print("relpos: stopped; rerun the same command to resume.")
   if outputs["failed"]:
-    sys.exit(f"error: {len(outputs['failed'])} run(s) failed; their logs: "
-             f"{', '.join(outputs['failed'])}")
+    sys.exit(f"error: {len(outputs['failed'])} run(s) failed, left out of the table: "
+             f"{'; '.join(outputs['failed'])}")
 
 
 if __name__ == "__main__":

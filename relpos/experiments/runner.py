@@ -32,6 +32,7 @@ from typing import Any
 
 from absl import logging
 
+from relpos import cli
 from relpos import config_changes
 from relpos import checkpoints
 from relpos import run_config as config_lib
@@ -85,16 +86,23 @@ class Run:
 def table_rows(table: str, rows: Sequence[str] | None) -> list[str]:
   """`rows` of `table`, or all of its rows when `rows` is empty.
 
+  A k sweep row is written as its k reads (`k=03` is `k=3`: the same run).
+
   Raises:
-    ValueError: an unknown table, or a row not in it, naming the allowed ones.
+    ValueError: an unknown table, a row not in it (naming the allowed ones), or a row given
+      twice (trained twice, one run would count as two seeds).
   """
   if table not in tables.TABLES:
     raise ValueError(f"unknown table {table!r}; allowed: {', '.join(tables.TABLES)}.")
-  rows = list(rows or tables.TABLES[table])
+  given = list(rows or tables.TABLES[table])
+  rows = [tables.canonical_row(row) for row in given]
   for row in rows:
     if not tables.row_in_table(row, table):
       raise ValueError(f"row {row!r} is not in table {table!r}; allowed: "
                        f"{tables.rows_text(table)}.")
+    if rows.count(row) > 1:
+      twice = ", ".join(g for r, g in zip(rows, given) if r == row)
+      raise ValueError(f"row {row!r} is given more than once in --rows ({twice}).")
   return rows
 
 
@@ -158,27 +166,38 @@ def _train_stacked(runs: Sequence[Run], task: str,
 
 def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] | None,
                     output_dir: str, publish_to: str | None = None,
-                    stack_seeds: bool = False) -> bool:
-  """Runs `runs` one after another in this process; returns whether one was preempted.
+                    stack_seeds: bool = False) -> tuple[list[str], bool]:
+  """Runs `runs` one after another in this process. A run that fails (a non-finite loss, a
+  full disk, a bug) is reported with its error, and the others go on, as children do.
 
   With `stack_seeds`, a row's seeds are trained as one program (`_train_stacked`) when its
   first is reached, then each is evaluated as it comes.
+
+  Returns:
+    ("<run>: <error>" of each run that failed, whether one was preempted).
   """
-  started, trained = time.monotonic(), {}
+  started, trained, failed = time.monotonic(), {}, []
   for done, run in enumerate(runs, 1):
     if stack_seeds and run not in trained:
       trained.update(_train_stacked([r for r in runs if r.row == run.row], task, overrides))
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
-    result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides,
-                                trained.get(run))
+    try:
+      result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides,
+                                  trained.get(run))
+    except Exception as e:  # pylint: disable=broad-exception-caught  # (not SIGINT, SystemExit)
+      if not isinstance(e, cli.USER_ERRORS):
+        logging.exception("%s failed:", run.workdir)  # a bug: its traceback
+      failed.append(f"{run.name}: {str(e).strip() or type(e).__name__}")
+      print(f"relpos: run {done} of {len(runs)} failed: {failed[-1]}", flush=True)
+      continue
     if result is None:
       logging.warning(
           "Preempted during %s: its checkpoint is saved; rerun the same command to "
           "resume.", run.workdir)
-      return True
+      return failed, True
     _print_finished(result, done, len(runs), started)
     results.write_outputs(output_dir, publish_to)
-  return False
+  return failed, False
 
 
 def child_command(run: Run, task: str, overrides: dict[str, Any] | None) -> list[str]:
@@ -388,8 +407,8 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
 
   Returns:
     results.write_outputs()'s paths and the table markdown, "preempted" (whether SIGTERM, or with
-    `parallel` > 1 SIGINT, stopped the table) and "failed" (the logs of the runs whose child
-    process ended without a result).
+    `parallel` > 1 SIGINT, stopped the table) and "failed" ("<run>: <error>" of each run that
+    ended without a result; "<run>: see <its log>" for a child process).
 
   Raises:
     ValueError: for an unknown table, row or order, an invalid override (or one that changes
@@ -437,14 +456,14 @@ def run_table(table: str, *, task: str, seeds: Sequence[int], output_dir: str,
                            output_dir=output_dir)
     prepare_data(pending, task, overrides)  # once, before any run starts
     if parallel == 1:
-      failed = []
-      preempted = _run_in_process(pending, task=task, overrides=overrides, output_dir=output_dir,
-                                  publish_to=publish_to, stack_seeds=stack_seeds)
+      failed, preempted = _run_in_process(pending, task=task, overrides=overrides,
+                                          output_dir=output_dir, publish_to=publish_to,
+                                          stack_seeds=stack_seeds)
     else:
-      failed, preempted = _run_children(pending, task=task, overrides=overrides,
-                                        output_dir=output_dir, parallel=parallel,
-                                        publish_to=publish_to)
+      failed_children, preempted = _run_children(pending, task=task, overrides=overrides,
+                                                 output_dir=output_dir, parallel=parallel,
+                                                 publish_to=publish_to)
+      failed = [f"{run.name}: see {run.log}" for run in failed_children]
     return {
-        **results.write_outputs(output_dir, publish_to), "preempted": preempted,
-        "failed": [run.log for run in failed]
+        **results.write_outputs(output_dir, publish_to), "preempted": preempted, "failed": failed
     }

@@ -170,6 +170,12 @@ def row_overrides(row: str) -> dict[str, object]:
                    f"your own: --import=<its module>.")
 
 
+def canonical_row(row: str) -> str:
+  """`row` as a table names it: a k sweep row's k without leading zeros (`k=03` -> `k=3`)."""
+  k = row[len(K_PREFIX):]
+  return K_PREFIX + str(int(k)) if row.startswith(K_PREFIX) and k.isdigit() else row
+
+
 def row_names_text() -> str:
   """Every row a config can name, as errors list them: the rows of `ROWS`, the registered
   variants' rows, and k=<int>."""
