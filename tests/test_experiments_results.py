@@ -167,3 +167,31 @@ def test_rows_off_the_tables_lists_follow_them_a_k_by_its_number(tmp_path):
         }))
   assert [(r["row"], r["seed"]) for r in results.collect(str(tmp_path))
          ] == [("k=1", 0), ("k=3", 0), ("k=3", 1), ("k=12", 0)]  # k=1 is of the paper's grid
+
+
+def test_publishing_over_another_experiments_run_is_refused(tmp_path):
+  """A --publish_to folder of the same table and run names, made with other settings (3,000
+  steps there, 12 here), was replaced silently."""
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  name = "synthetic-ablation-abs-seed0"
+  made = lambda steps: {
+      **_abs_result(f"runs/{name}"), "config": {
+          **tiny.get_config().to_dict(), "train":
+              {**tiny.get_config().train.to_dict(), "num_steps": steps}
+      }
+  }
+  published_dir = tmp_path / "published"
+  published_dir.mkdir()
+  (published_dir / "results.json").write_text(json.dumps({"runs": [made(3000)]}))
+  local = tmp_path / "out" / results.RUNS_DIR / name / results.RESULT_FILE
+  local.parent.mkdir(parents=True)
+  local.write_text(json.dumps(made(3000)))
+  results.check_publish_keeps(str(published_dir), str(tmp_path / "out"), table="ablation",
+                              task="synthetic")  # the same run: kept
+  local.write_text(json.dumps(made(12)))
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"--publish_to {published_dir} holds {name} made with train.num_steps=3000, and "
+          f"{tmp_path / 'out'} one made with 12: publishing would replace another experiment's")):
+    results.check_publish_keeps(str(published_dir), str(tmp_path / "out"), table="ablation",
+                                task="synthetic")

@@ -14,7 +14,9 @@ import flax
 import jax
 from absl import logging
 
+from relpos import config_changes
 from relpos import json_files
+from relpos import run_config as config_lib
 from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments import lost_runs
@@ -227,8 +229,9 @@ def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: 
   """Refuses, before any work, a `--publish_to` folder whose results.json publishing this
   table would replace with less: runs of another table or task, or finished runs whose
   folders `output_dir` lacks (lost with an earlier output folder: `--restore_from` that
-  results.json brings them back). A run whose folder exists, resuming or retrained, is this
-  table's to publish.
+  results.json brings them back), or finished runs that `output_dir` holds made otherwise (in
+  a field that changes a result: another experiment). A run whose folder exists, resuming or
+  retrained, is this table's to publish.
 
   Raises:
     ValueError: naming the folder and what publishing would lose.
@@ -246,6 +249,26 @@ def check_publish_keeps(destination: str, output_dir: str, *, table: str, task: 
     raise ValueError(f"--publish_to {destination} holds {len(lost)} finished runs that "
                      f"{output_dir} lacks ({', '.join(lost)}): publishing would drop them. Add "
                      f"--restore_from={path} to bring them back, or publish elsewhere.")
+  for published_run in published_runs:
+    name = run_names.run_name_of(published_run)
+    local = os.path.join(runs_dir, name, RESULT_FILE)
+    if os.path.exists(local) and (difference := _made_otherwise(published_run, read_result(local))):
+      field, there, here = difference
+      raise ValueError(f"--publish_to {destination} holds {name} made with {field}={there!r}, "
+                       f"and {output_dir} one made with {here!r}: publishing would replace another "
+                       "experiment's result. Publish elsewhere, or take that run out of its "
+                       "results.json first.")
+
+
+def _made_otherwise(published: dict[str, Any], local: dict[str, Any]) -> tuple | None:
+  """The first field that changes a result whose value differs between two results of one run
+  (field, published value, local value); None when none does, or when a config no longer
+  validates (a variant of one's own not imported: not compared)."""
+  try:
+    before, after = config_lib.validate(published["config"]), config_lib.validate(local["config"])
+  except ValueError:
+    return None
+  return next(iter(config_changes.result_differences(before, after)), None)
 
 
 def repository_path(path: str) -> str:
