@@ -254,6 +254,9 @@ def test_parallel_runs_equal_in_process_runs_and_a_killed_one_is_reported(
       r"log: " + re.escape(rel_kv_log), printed)
   assert re.search(r"run [12] of 2 finished: synthetic-ablation-abs-seed0 \(test BLEU", printed)
   assert _results(output_dir) == _results(in_process_dir)[:1]  # abs: the same numbers
+  failure = json.load(open(outputs["results"]))["failed"][0]
+  assert (failure["run"], failure["error"], failure["log"]) == ("synthetic-ablation-rel_kv-seed0",
+                                                                "killed by SIGKILL", rel_kv_log)
   abs_log = open(os.path.join(output_dir, "runs", "synthetic-ablation-abs-seed0", "run.log")).read()
   assert "relpos.experiments.run_one --table=ablation --row=abs --seed=0" in abs_log
 
@@ -274,6 +277,7 @@ def test_restart_skips_finished_runs_and_resumes_the_killed_one(finished_table, 
                                  "run.log")).read()
   assert "Resuming from step 4" in rel_kv_log
   assert _results(output_dir) == _results(in_process_dir)
+  assert json.load(open(outputs["results"]))["failed"] == []  # trained again: not failed
 
 
 def test_a_finished_run_line_gives_the_table_eta(capsys):
@@ -319,7 +323,26 @@ def test_a_run_failing_in_process_is_named_and_the_others_go_on(finished_table, 
   assert "run 1 of 2 failed: synthetic-ablation-abs-seed0: a bug in evaluation" in (
       capsys.readouterr().out)
   assert "Traceback" in caplog.text or "a bug in evaluation" in caplog.text  # a bug: logged
-  assert [r["row"] for r in json.load(open(outputs["results"]))["runs"]] == ["rel_kv"]
+  written = json.load(open(outputs["results"]))
+  assert [r["row"] for r in written["runs"]] == ["rel_kv"]
+  # The failure is on record where a reader looks, not only in this process's output.
+  abs_run = runner.table_runs("ablation", "synthetic", ["abs"], [0], output_dir, "rows")[0]
+  assert [(f["run"], f["error"], f["checkpoint"], f["log"]) for f in written["failed"]
+         ] == [("synthetic-ablation-abs-seed0", "a bug in evaluation", 4, None)]
+  assert re.search(
+      r"Failed, so left out of the table: synthetic-ablation-abs-seed0 \(a bug in evaluation; "
+      r"failed \S+ \S+ UTC, newest checkpoint step 4\)", outputs["table"])
+  assert status.run_status(abs_run).state == "failed"
+  assert "Failed, so left out of the table: synthetic-ablation-abs-seed0" in status.report(
+      "ablation", "synthetic", [abs_run], output_dir)
+  monkeypatch.setattr(single_run, "evaluate_run", evaluate_run)  # fixed: the same command
+  outputs = runner.run_table("ablation", task="synthetic", seeds=[0], output_dir=output_dir,
+                             rows=["abs", "rel_kv"], overrides=overrides)
+  written = json.load(open(outputs["results"]))
+  assert outputs["failed"] == [] and written["failed"] == []
+  assert [r["row"] for r in written["runs"]] == ["abs", "rel_kv"]
+  assert "Failed" not in outputs["table"]
+  assert status.run_status(abs_run).state == "finished"
 
 
 def test_a_finished_run_made_with_another_config_stops_the_table_before_any_work(

@@ -9,7 +9,9 @@ holds
     {"schema_version": 3, "written_at": "2025-01-31T12:00:00+00:00" (UTC),
      "jax_version": "...", "flax_version": "...", "device_kind": "cpu", "device_count": 1,
      "host_cpu": "AMD EPYC (avx2, fma, avx512f, avx512_bf16)" (from 24 November 2026),
-     "runs": [run, ...]}
+     "runs": [run, ...],
+     "failed": [{"run", "error", "failed_at", "checkpoint", "log"}, ...] (from 28 November
+     2026: the runs that failed and have not finished since, `relpos.experiments.failed_runs`)}
 
 with one run per (table, row, seed), each also holding the "environment" (versions, device,
 "finished_at") it was made in:
@@ -53,8 +55,10 @@ are laid out by `relpos.experiments.report_length`.
 """
 
 import json
+from collections.abc import Sequence
 
 from relpos import json_files
+from relpos.experiments import failed_runs
 from relpos.experiments import markdown
 from relpos.experiments import paper
 from relpos.experiments import report_length
@@ -76,8 +80,8 @@ RESULTS_SCHEMA_VERSION = 5
 TABLES = ("ablation", "k_sweep", "length")  # the order of their sections in table.md
 
 
-def load_runs(results_path: str) -> list[dict]:
-  """Reads the runs of a `results.json` file of this or an earlier schema version.
+def load_results(results_path: str) -> dict:
+  """Reads a `results.json` file of this or an earlier schema version.
 
   Raises:
     ValueError: the file has a newer schema version than this code reads.
@@ -88,7 +92,12 @@ def load_runs(results_path: str) -> list[dict]:
   if version > RESULTS_SCHEMA_VERSION:
     raise ValueError(f"{results_path}: schema_version={version} is newer than this relpos "
                      f"reads ({RESULTS_SCHEMA_VERSION}); update relpos.")
-  return results["runs"]
+  return results
+
+
+def load_runs(results_path: str) -> list[dict]:
+  """The runs of a `results.json` file (`load_results`)."""
+  return load_results(results_path)["runs"]
 
 
 def _other_checkpoint_cell(row_runs: list[dict], choice: str, split: str) -> str:
@@ -195,18 +204,22 @@ def _signatures(runs: list[dict], key: str) -> list[str]:
   return sorted({scores[key] for r in runs for scores in r["scores"].values() if key in scores})
 
 
-def render_table(runs: list[dict]) -> str:
-  """The markdown of `table.md` for the given runs."""
+def render_table(runs: list[dict], failed: Sequence[dict] = ()) -> str:
+  """The markdown of `table.md` for the finished `runs` and the `failed` ones (results.json's
+  "failed": `relpos.experiments.failed_runs`)."""
+  failed_lines = [failed_runs.note(list(failed)), ""] if failed else []
   if not runs:
-    return ("# relpos results\n\nNo run has finished yet; `--status` with the table's command "
-            "says where each stands.\n")
+    return "\n".join([
+        "# relpos results", "", "No run has finished yet; `--status` with the table's command "
+        "says where each stands.", "", *failed_lines
+    ])
   tasks = sorted({r["task"] for r in runs})
   commits = list(dict.fromkeys(c for r in runs for c in r.get("commits", [r["commit"]])))
   lines = [
       f"# relpos results: {', '.join(tasks)}", "",
       f"Made from results.json ({len(runs)} runs; commits {', '.join(commits)}). "
       "BLEU is cased sacreBLEU (mean ± sample std over seeds); the paper's figures are "
-      "WMT14 EN-DE, for the direction of each effect, not its size.", ""
+      "WMT14 EN-DE, for the direction of each effect, not its size.", "", *failed_lines
   ]
   if signatures := _signatures(runs, "signature"):
     lines += [f"sacreBLEU signature: `{', '.join(signatures)}`.", ""]
@@ -252,6 +265,7 @@ def render_table(runs: list[dict]) -> str:
 
 def write_table(results_path: str, table_path: str) -> str:
   """Rebuilds `table.md` from `results.json` alone; returns the markdown."""
-  text = render_table(load_runs(results_path))
+  results = load_results(results_path)
+  text = render_table(results["runs"], results.get("failed", []))
   json_files.write_text(table_path, text)  # whole or not at all
   return text

@@ -19,6 +19,7 @@ from relpos import json_files
 from relpos import run_config as config_lib
 from relpos import metrics_writer
 from relpos import workdir_files
+from relpos.experiments import failed_runs
 from relpos.experiments import lost_runs
 from relpos.experiments import paired
 from relpos.experiments import plots
@@ -119,8 +120,22 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
           (r["table"], r["row"]), len(order)), r.get("k") or 0, r["row"], r["seed"]))
 
 
+def collect_failed(output_dir: str) -> list[dict[str, Any]]:
+  """[{"run": its folder's name, **its failure (`failed_runs`)}] of each run under
+  `output_dir/runs` (not those moved aside) that failed and has not finished since, by name."""
+  runs_dir = os.path.join(output_dir, RUNS_DIR)
+  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+  failed = []
+  for workdir in (os.path.join(runs_dir, n) for n in names if REPLACED_MARK not in n):
+    failure = failed_runs.read(workdir)
+    if failure is not None and not os.path.exists(os.path.join(workdir, RESULT_FILE)):
+      failed.append({"run": os.path.basename(workdir), **failure})
+  return failed
+
+
 def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, Any]:
-  """results.json from the finished runs (with `paired.annotate`'s comparisons), then table.md
+  """results.json from the finished runs (with `paired.annotate`'s comparisons) and the failed
+  ones (`collect_failed`), then table.md
   and the plots from it; with `publish_to`, then a copy of them and of the runs' test
   translations there (`publish`)."""
   results_path = os.path.join(output_dir, RESULTS_FILE)
@@ -130,7 +145,7 @@ def write_outputs(output_dir: str, publish_to: str | None = None) -> dict[str, A
   json_files.write_json(
       results_path, {
           "schema_version": report.RESULTS_SCHEMA_VERSION, "written_at": json_files.utc_now(),
-          **environment(), "runs": runs
+          **environment(), "runs": runs, "failed": collect_failed(output_dir)
       }, indent=1)
   table = report.write_table(results_path, os.path.join(output_dir, "table.md"))
   made = plots.plot_results(results_path, output_dir)

@@ -6,6 +6,8 @@ Layout of `output_dir`:
   runs/<run>/    a run's workdir, `relpos.experiments.run_names`: config.json, checkpoints, ...
   runs/<run>/result.json   written last: marks the run finished
   runs/<run>/run.log       its process's stdout and stderr (--parallel > 1)
+  runs/<run>/failed.json   its error, while a run that failed is not started again
+                           (`relpos.experiments.failed_runs`: results.json, table.md, --status)
   results.json   every finished run (rebuilt from the result.json files after each run)
   table.md       made from results.json alone (`relpos.experiments.report`)
   *.png          plots (`relpos.experiments.plots`, `relpos.experiments.plots_learned`)
@@ -44,6 +46,7 @@ from relpos import user_modules
 from relpos import workdir_files
 from relpos.data import pipeline
 from relpos.experiments import children
+from relpos.experiments import failed_runs
 from relpos.experiments import lost_runs
 from relpos.experiments import markdown
 from relpos.experiments import results
@@ -181,6 +184,7 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
     if stack_seeds and run not in trained:
       trained.update(_train_stacked([r for r in runs if r.row == run.row], task, overrides))
     print(f"relpos: training and evaluating {run.workdir}", flush=True)
+    failed_runs.clear(run.workdir)
     try:
       result = single_run.run_one(run.table, run.row, run.seed, task, run.workdir, overrides,
                                   trained.get(run))
@@ -188,6 +192,7 @@ def _run_in_process(runs: Sequence[Run], *, task: str, overrides: dict[str, Any]
       if not isinstance(e, cli.USER_ERRORS):
         logging.exception("%s failed:", run.workdir)  # a bug: its traceback
       failed.append(f"{run.name}: {str(e).strip() or type(e).__name__}")
+      failed_runs.record(run.workdir, str(e).strip() or type(e).__name__)
       print(f"relpos: run {done} of {len(runs)} failed: {failed[-1]}", flush=True)
       continue
     if result is None:
@@ -228,13 +233,18 @@ def _run_children(runs: Sequence[Run], *, task: str, overrides: dict[str, Any] |
       results.write_outputs(output_dir, publish_to)
     else:
       failed.append(run)
+      if returncode != 0:  # 0: stopped by a signal, its checkpoint saved
+        failed_runs.record(run.workdir, children.failure(returncode), log=run.log)
       print(
           f"relpos: run {done} of {len(runs)} failed: {run.name} "
           f"({children.failure(returncode)}); log: {run.log}", flush=True)
 
-  stopped = children.run_all(runs, command=lambda run: child_command(run, task, overrides),
-                             env=children.environment(parallel,
-                                                      ROOT), parallel=parallel, ended=ended)
+  def start(run: Run) -> list[str]:
+    failed_runs.clear(run.workdir)
+    return child_command(run, task, overrides)
+
+  stopped = children.run_all(runs, command=start, env=children.environment(parallel, ROOT),
+                             parallel=parallel, ended=ended)
   return failed, stopped
 
 

@@ -4,7 +4,7 @@ resumes from, its best validation BLEU (once finished, the selected checkpoint's
 it), once finished its test BLEU, and while it runs its training time left at its recent pace; then
 the time the runs not finished need at the finished runs' median time. A run written back from
 published results (`--restore_from`) is "finished (restored)", with no step or checkpoint of its
-own.
+own; a run that failed (`relpos.experiments.failed_runs`) is "failed", its error under the table.
 
 Nothing is locked or loaded onto a device, and nothing written but, with --publish_to, the runs
 in flight there (`publish_in_flight`) (`python -m relpos.experiments.run ... --status`: the
@@ -33,6 +33,7 @@ from relpos import locks
 from relpos import metrics_writer
 from relpos import workdir_files
 from relpos.experiments.markdown import duration
+from relpos.experiments import failed_runs
 from relpos.experiments import lost_runs
 from relpos.experiments import results
 from relpos.experiments import run_names
@@ -42,8 +43,10 @@ from relpos.experiments import tables
 from relpos.experiments import verdicts
 
 # A run's states: its result.json written; a process holds its run or train lock (training or
-# evaluating); its folder exists (a restart resumes it from its newest checkpoint); no folder.
-STATES = ("finished", "running", "stopped", "not started")
+# evaluating); it failed (`failed_runs`) and was not started since; its folder exists (a
+# restart resumes it from its newest checkpoint); no folder. A failed or stopped run resumes
+# from its newest checkpoint when the table's command runs again.
+STATES = ("finished", "running", "failed", "stopped", "not started")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +113,7 @@ def run_status(run: runner.Run) -> RunStatus:
         locks.holder(run.workdir, workdir_files.LOCK_FILE)):
     state = "running"
   else:
-    state = "stopped"
+    state = "failed" if failed_runs.read(run.workdir) is not None else "stopped"
   return RunStatus(run.name, state, step=max(trained, default=None), num_steps=num_steps,
                    checkpoint=checkpoints.newest_step(run.workdir), validation=best, test=test,
                    updated=updated, steps_per_second=sum(speeds) / len(speeds) if speeds else None,
@@ -224,7 +227,7 @@ def publish_in_flight(destination: str, runs: Sequence[runner.Run], output_dir: 
       destination, output_dir,
       [{"run": s.name, "step": s.step, "checkpoint": s.checkpoint, "num_steps": s.num_steps}
        for s in statuses
-       if s.state in ("running", "stopped")],
+       if s.state in ("running", "failed", "stopped")],
       finished | {s.name for s in statuses if s.state != "not started"})
 
 
@@ -283,6 +286,8 @@ def report(table: str, task: str, runs: Sequence[runner.Run], output_dir: str) -
         "runs timed alone)."
     ]
   lines += _lost_lines(runs, output_dir)
+  failed = [f for f in results.collect_failed(output_dir) if f["run"] in {r.name for r in runs}]
+  lines += ["", failed_runs.note(failed)] if failed else []
   runs_dir = os.path.join(output_dir, results.RUNS_DIR)
   planned = {run.name for run in runs}
   others = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else [])
