@@ -106,13 +106,34 @@ def test_builder_from_folder(raw_dir, tmp_path):
 def test_manual_dir_expands_home_and_a_missing_one_is_named_once_prepared(
     raw_dir, tmp_path, monkeypatch, caplog):
   """`--config.task.manual_dir=~/m30k` reaches Python unexpanded; once the data is prepared the
-  folder is not read, and one that is gone (a typo, another machine) is said, not ignored."""
+  folder is only checked, and one that is gone (a typo, another machine) is said, not ignored."""
   monkeypatch.setenv("HOME", str(raw_dir.parent))
   dataset = multi30k.load(_task_config(tmp_path, manual_dir=f"~/{raw_dir.name}"), str(tmp_path))
   assert "train" in dataset.splits
   multi30k.load(_task_config(tmp_path, manual_dir="~/nowhere"), str(tmp_path))
   assert (f"task.manual_dir {raw_dir.parent}/nowhere does not exist: using the Multi30K "
           f"prepared in {tmp_path}") in caplog.text
+
+
+def test_a_raw_file_changed_after_the_data_was_prepared_is_refused(raw_dir, tmp_path):
+  """The prepared copy was read in silence, so a fixed or replaced file changed nothing."""
+  directory = tmp_path / "raw"
+  shutil.copytree(raw_dir, directory)
+  config = _task_config(tmp_path / "tfds", manual_dir=str(directory))
+  dataset = multi30k.load(config, str(tmp_path / "tfds"))
+  # Compressed again with the same text (another gzip header): unchanged.
+  _write_gz(directory / "val.de.gz", gzip.open(raw_dir / "val.de.gz").read())
+  assert multi30k.load(config, str(tmp_path / "tfds")).splits == dataset.splits
+  lines = multi30k.read_lines(str(directory / "val.de.gz"))
+  _write_gz(directory / "val.de.gz", ("\n".join(["Ein Hund."] + lines[1:]) + "\n").encode())
+  with pytest.raises(ValueError) as error:
+    multi30k.load(config, str(tmp_path / "tfds"))
+  assert str(error.value) == (
+      f"task.manual_dir file {directory}/val.de.gz has changed since the Multi30K in "
+      f"{dataset.builder.data_dir} was prepared from it: move that folder aside to prepare it "
+      "again from the files as they are, or restore the file.")
+  os.remove(directory / "val.de.gz")  # gone: the prepared copy is what there is
+  assert multi30k.load(config, str(tmp_path / "tfds")).splits == dataset.splits
 
 
 def test_other_language_pair_and_optional_split(raw_dir, tmp_path):

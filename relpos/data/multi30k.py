@@ -8,9 +8,14 @@ where a network is available, are downloaded from the public Multi30K repository
 Every file is read and checked before any example is written: a missing or empty file, text
 that is not UTF-8, or source and target files with different line counts raise an error naming
 the file, and the failed build leaves no dataset folder.
+
+The prepared data records the sha256 of the text of each raw file it was read from (`info.metadata`,
+RAW_SHA256_KEY, from 28 November 2026); a later load from a `task.manual_dir` where one of them
+has changed is refused, naming the file (the prepared copy would otherwise be read in silence).
 """
 
 import gzip
+import hashlib
 import os
 import urllib.error
 import urllib.request
@@ -31,6 +36,8 @@ SPLIT_STEMS = {
 }
 REQUIRED_SPLITS = ("train", "validation", "test_2016_flickr")
 DOWNLOAD_TIMEOUT_S = 60
+# In the prepared data's metadata: {raw file name: `text_sha256`} of the files it was read from.
+RAW_SHA256_KEY = "raw_files_sha256"
 
 
 def check_languages(source_lang: str, target_lang: str) -> None:
@@ -66,6 +73,16 @@ def read_lines(path: str) -> list[str]:
   if not any(line.strip() for line in lines):
     raise ValueError(f"Multi30K file {path} is empty.")
   return lines
+
+
+def text_sha256(path: str) -> str:
+  """The hex sha256 of a gzip file's text (compressed again, or copied, it is the same); "" when
+  it cannot be read (it is not the file that was read)."""
+  try:
+    with gzip.open(path, "rb") as f:
+      return hashlib.sha256(f.read()).hexdigest()
+  except (OSError, EOFError):
+    return ""
 
 
 def read_split(directory: str, stem: str, source_lang: str,
@@ -146,16 +163,37 @@ class Multi30k(datasets.PairBuilder):
     self._raw_dir = raw_dir
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return datasets.pair_info(self, __doc__, homepage="https://github.com/multi30k/dataset")
+    return datasets.pair_info(self, __doc__, homepage="https://github.com/multi30k/dataset",
+                              metadata=tfds.core.MetadataDict())
 
   def _split_generators(self, dl_manager):
     del dl_manager  # files come from raw_dir (see `download`)
     config = self.builder_config
-    splits = {
-        split: read_split(self._raw_dir, SPLIT_STEMS[split], config.source_lang, config.target_lang)
-        for split in available_splits(self._raw_dir, config.source_lang, config.target_lang)
+    languages = (config.source_lang, config.target_lang)
+    names = available_splits(self._raw_dir, *languages)
+    splits = {split: read_split(self._raw_dir, SPLIT_STEMS[split], *languages) for split in names}
+    self.info.metadata[RAW_SHA256_KEY] = {
+        file: text_sha256(os.path.join(self._raw_dir, file))
+        for file in (f"{SPLIT_STEMS[split]}.{lang}.gz" for split in names for lang in languages)
     }
     return {split: self._generate_examples(pairs) for split, pairs in splits.items()}
+
+
+def check_unchanged(builder: Multi30k, manual_dir: str) -> None:
+  """Refuses prepared data whose raw files in `manual_dir` have changed since (`text_sha256`);
+  data prepared before the record was kept, and a file no longer there, are not checked.
+
+  Raises:
+    ValueError: naming the changed file and the prepared folder.
+  """
+  metadata = builder.info.metadata  # read from its file by items() (not by get or len)
+  recorded = dict(metadata.items()).get(RAW_SHA256_KEY, {}) if metadata is not None else {}
+  for name, sha256 in sorted(recorded.items()):
+    path = os.path.join(manual_dir, name)
+    if os.path.isfile(path) and text_sha256(path) != sha256:
+      raise ValueError(f"task.manual_dir file {path} has changed since the Multi30K in "
+                       f"{builder.data_dir} was prepared from it: move that folder aside to "
+                       "prepare it again from the files as they are, or restore the file.")
 
 
 def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairDataset:
@@ -165,7 +203,8 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
   DEFAULT_URL) unless the dataset is already prepared.
 
   Raises:
-    ValueError: an unknown language or a bad file (named).
+    ValueError: an unknown language, a bad file, or a file of task.manual_dir changed since the
+      data was prepared from it (named).
     FileNotFoundError: a missing file or a failed download (named).
   """
   source, target = task_config.source_lang, task_config.target_lang
@@ -183,5 +222,7 @@ def load(task_config: ml_collections.ConfigDict, root: str) -> datasets.PairData
   if manual_dir and not os.path.isdir(manual_dir):  # read only to prepare the data
     logging.warning("task.manual_dir %s does not exist: using the Multi30K prepared in %s.",
                     manual_dir, builder.data_dir)
+  elif manual_dir:
+    check_unchanged(builder, manual_dir)
   splits = tuple(split for split in SPLIT_STEMS if split in builder.info.splits)
   return datasets.PairDataset(builder, splits)
