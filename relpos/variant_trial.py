@@ -6,11 +6,13 @@ that raises, terms of the wrong shape, or a layer count unlike the model's, stop
 one line naming the variant and its file. Then a small model of it (the run's variant and its
 fields; width 8 a head, one layer a stack, float32) runs on two sentence pairs, and must keep
 the two contracts the built-in variants are tested for (tests/test_model.py, with the same
-functions): cached decoding equals the teacher-forced pass (`cached_and_full_logits`), and a
-packed batch equals its sentences alone (`packed_and_alone_logits`). A variant that reads
-`jnp.arange` instead of the positions it is given, or one row's positions for the whole batch,
-fails one of them. Last, the statistics its `add_statistics` stores after training must be
-JSON.
+functions): cached decoding of 20 tokens into a cache of model.max_len slots equals the
+teacher-forced pass (`cached_and_full_logits`), and a packed batch equals its sentences alone
+(`packed_and_alone_logits`). A variant that reads `jnp.arange` instead of the positions it is
+given, one row's positions for the whole batch, or the key length, fails one of them. Before
+them, every array the model holds must be a parameter or random state (`_state_not_kept`), and
+after them, the statistics its `add_statistics` stores after training must be JSON, and the
+variant must add position information (`_adds_no_position_information`).
 """
 import dataclasses
 import functools
@@ -30,6 +32,10 @@ from relpos.model_config import TransformerConfig
 # Two source / target pairs (ids below 12; 0 pads, 1 ends); row 0 pads inputs and targets.
 INPUTS = np.array([[3, 4, 5, 6, 1, 0], [7, 8, 9, 10, 11, 1]], np.int32)
 TARGETS = np.array([[5, 6, 7, 1, 0], [9, 3, 4, 5, 1]], np.int32)
+# Targets of 20 and 14 tokens for the trial's cached decoding: a variant that clips, buckets or
+# scales by distance must agree with the full pass past the first few positions too.
+LONG_TARGETS = np.array([[(3 + 5 * i) % 9 + 3 for i in range(19)] + [1],
+                         [(4 + 7 * i) % 9 + 3 for i in range(13)] + [1] + [0] * 6], np.int32)
 # How far the numeric trial's logits may differ (float32, a model of width 8 a head).
 TRIAL_ATOL = 1e-4
 
@@ -73,24 +79,26 @@ def _encode(model: model_lib.Transformer, inputs: jax.Array) -> jax.Array:
   return model.encode(inputs)
 
 
-def cached_and_full_logits(model: model_lib.Transformer, *,
-                           compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def cached_and_full_logits(model: model_lib.Transformer, *, compiled: bool = True,
+                           targets: np.ndarray = TARGETS) -> tuple[np.ndarray, np.ndarray]:
   """(logits of cached decoding, one target token a step; logits of the full teacher-forced
-  pass) of TARGETS given INPUTS, each [real target tokens, vocab]. `compiled`: the steps run
-  compiled (`_decode_step`), else op by op as the full pass runs (the same arithmetic, bit
-  for bit in bfloat16)."""
+  pass) of `targets` (TARGETS, or LONG_TARGETS) given INPUTS, each [real target tokens,
+  vocab]. `compiled`: the steps run compiled (`_decode_step`), else op by op as the full pass
+  runs (the same arithmetic, bit for bit in bfloat16)."""
   decode_step = _decode_step if compiled else type(model).decode_step
   forward = _forward if compiled else type(model).__call__
   encode = _encode if compiled else type(model).encode
-  full = forward(model, INPUTS, TARGETS)
+  full = forward(model, INPUTS, targets)
   encoded = encode(model, INPUTS)
-  cache = model.init_cache(2, 7)  # longer than the targets: later slots must stay masked.
-  previous = jnp.pad(TARGETS, ((0, 0), (1, 0)))[:, :-1]
+  # As long as decoding's longest (model.max_len): the slots past the targets must stay masked,
+  # and no term may depend on the cache's length, which the full pass does not have.
+  cache = model.init_cache(2, model.config.max_len)
+  previous = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   steps = []
-  for step in range(TARGETS.shape[1]):
+  for step in range(targets.shape[1]):
     logits, cache = decode_step(model, encoded, INPUTS, previous[:, step], jnp.int32(step), cache)
     steps.append(logits)
-  real = TARGETS != 0  # padded target positions see padding, unlike decoding.
+  real = targets != 0  # padded target positions see padding, unlike decoding.
   return np.stack(steps, 1)[real], np.asarray(full)[real]
 
 
@@ -149,30 +157,42 @@ def _trial_model(model_config: TransformerConfig) -> model_lib.Transformer:
 
 
 def _adds_no_position_information(model: model_lib.Transformer) -> bool:
-  """Whether the encoder is permutation-equivariant (reordering the source reorders its
-  outputs alike) and no parameter under a position module gets a gradient: a variant whose
-  methods never run (misspelled) trains a model without positions, silently. A table the
-  variant learns from zero (equivariant at the start) still gets a gradient."""
-  tokens = np.array([[3, 4, 5, 6, 7]], np.int32)
-  order = np.array([2, 0, 4, 1, 3])
-  encoded, reordered = _encode(model, tokens), _encode(model, tokens[:, order])
-  if float(np.abs(np.asarray(reordered) - np.asarray(encoded)[:, order]).max()) > TRIAL_ATOL:
-    return False
-  grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(INPUTS, TARGETS)**2)))(model)
-  learned = [
-      leaf for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(grads))
-      if "position" in jax.tree_util.keystr(path)
-  ]
-  return not any(float(jnp.abs(leaf).max()) > 0 for leaf in learned)
+  """Whether no stack has a position embedding and no self-attention layer a position module
+  whose class overrides `queries_and_keys` or `terms`: a variant whose methods never run
+  (misspelled) trains a model without positions, silently. (A variant with positions in one
+  stack alone, the decoder's say, adds them.)"""
+  for _, module in nnx.iter_modules(model):
+    if getattr(module, "position_embedding", None) is not None:
+      return False
+    if isinstance(module, variants.AttentionPosition) and any(
+        getattr(type(module), method) is not getattr(variants.AttentionPosition, method)
+        for method in ("queries_and_keys", "terms")):
+      return False
+  return True
+
+
+def _state_not_kept(model: model_lib.Transformer) -> str | None:
+  """The path of a value of the model that is neither a parameter (`nnx.Param`) nor random
+  state, which checkpoints, the train step and evaluation leave out (`model.split_model`),
+  e.g. "encoder/layers/0/self_attention/position/slope"; None when there is none."""
+  for path, _ in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.Any(nnx.Param, nnx.RngState)))):
+    return "/".join(map(str, path))
+  return None
 
 
 def _numeric_problem(model_config: TransformerConfig) -> str | None:
   """What `_trial_model` does against the two contracts, or what its `add_statistics` stores
   that a result.json cannot hold; None when all is well."""
   model = _trial_model(model_config)
+  if (path := _state_not_kept(model)) is not None:
+    return (f"{path} is neither an nnx.Param nor random state, so checkpoints and the train "
+            "step would not hold it: declare a learned value as nnx.Param, and compute a fixed "
+            "one in terms (or keep it as a plain Python number)")
   for what, (got, want), hint in (
-      ("cached decoding differs from the teacher-forced pass", cached_and_full_logits(model),
-       "a decode step must use the query position it is given"),
+      ("cached decoding differs from the teacher-forced pass",
+       cached_and_full_logits(model, targets=LONG_TARGETS),
+       "a decode step must use the query position it is given, and no term may depend on the "
+       "cache's length or on its slots past the step"),
       ("a packed batch differs from its sentences alone", packed_and_alone_logits(model),
        "terms must come from each row's own positions, which restart per packed sentence"),
   ):
@@ -184,9 +204,9 @@ def _numeric_problem(model_config: TransformerConfig) -> str | None:
   except TypeError as e:  # stored after training, in result.json
     return f"add_statistics stores what JSON cannot hold ({e}; store lists and numbers)"
   if _adds_no_position_information(model):
-    return ("it adds no position information: the encoder's outputs follow any reordering of "
-            "its source and none of the variant's parameters learns (a method name misspelled? "
-            "AttentionPosition.terms or .queries_and_keys, Variant.embedding or "
+    return ("it adds no position information: neither stack gets a position embedding or a "
+            "self-attention module that overrides terms or queries_and_keys (a method name "
+            "misspelled? AttentionPosition.terms or .queries_and_keys, Variant.embedding or "
             ".self_attention)")
   return None
 

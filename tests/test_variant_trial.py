@@ -270,12 +270,24 @@ class _FromZero(variants.AttentionPosition):
     return variants.AttentionTerms(bias=jnp.moveaxis(self.table[...][:, index], 0, 1))
 
 
-@pytest.mark.parametrize("module, refused", [(_Forgotten, True), (_FromZero, False)])
-def test_a_variant_that_adds_no_position_information_is_refused(module, refused):
-  """A misspelled method trained a model without positions, silently."""
+class _DecoderAlibi(variants.AttentionPosition):
+  """A fixed ALiBi-like bias with no parameter: the decoder's only."""
+  def terms(self, query_positions, key_positions):
+    distance = jnp.abs(_relative_distances(query_positions, key_positions))
+    return variants.AttentionTerms(bias=-0.5 * distance[:, None].astype(jnp.float32))
+
+
+@pytest.mark.parametrize("module, refused, decoder_only", [(_Forgotten, True, False),
+                                                           (_FromZero, False, False),
+                                                           (_DecoderAlibi, False, True)])
+def test_a_variant_that_adds_no_position_information_is_refused(module, refused, decoder_only):
+  """A misspelled method trained a model without positions, silently. Positions in the
+  decoder alone, with nothing to learn, were refused as if misspelled."""
   class Layers(variants.Variant):
     def self_attention(self, num_layers, *, causal, rngs):
-      return [module(rngs) for _ in range(num_layers)]
+      if decoder_only and not causal:
+        return [None] * num_layers
+      return [module(rngs) if module is not _DecoderAlibi else module() for _ in range(num_layers)]
 
   variants.register("maybe_positional")(Layers)
   if not refused:
@@ -283,9 +295,69 @@ def test_a_variant_that_adds_no_position_information_is_refused(module, refused)
     return
   with pytest.raises(
       ValueError, match=r"fails its trial on two sentence pairs, before any work: it adds no "
-      r"position information: the encoder's outputs follow any reordering of its source and none "
-      r"of the variant's parameters learns \(a method name misspelled\?"):
+      r"position information: neither stack gets a position embedding or a self-attention "
+      r"module that overrides terms or queries_and_keys \(a method name misspelled\?"):
     variant_trial.check_variant(_config("maybe_positional"))
+
+
+class _ScaledByCacheLength(variants.AttentionPosition):
+  """-log(1 + |j - i|) scaled by the key length: FIRE normalizes by the query's position; by
+  the key length, a cache of model.max_len slots gives other terms than the full pass."""
+  def terms(self, query_positions, key_positions):
+    distance = jnp.abs(_relative_distances(query_positions, key_positions)).astype(jnp.float32)
+    scale = jnp.log1p(max(key_positions.shape[-1], 16))
+    return variants.AttentionTerms(bias=-jnp.log1p(distance)[:, None] / scale)
+
+
+class _ClippedInDecodingOnly(variants.AttentionPosition):
+  """-|j - i|, clipped at 8 when one query attends (a decode step): the full pass does not."""
+  def terms(self, query_positions, key_positions):
+    distance = jnp.abs(_relative_distances(query_positions, key_positions))
+    if query_positions.shape[-1] == 1:
+      distance = jnp.minimum(distance, 8)
+    return variants.AttentionTerms(bias=-distance[:, None].astype(jnp.float32))
+
+
+@pytest.mark.parametrize("name, module", [("by_cache_length", _ScaledByCacheLength),
+                                          ("clipped_in_decoding", _ClippedInDecodingOnly)])
+def test_cached_decoding_is_tried_at_decodings_cache_length_and_past_short_targets(name, module):
+  """The trial decoded 5 targets into a cache of 7 slots: both variants passed it, then
+  decoded otherwise than they trained (the first by up to 0.33 in logits)."""
+  class Layers(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [module() for _ in range(num_layers)]
+
+  variants.register(name)(Layers)
+  with pytest.raises(
+      ValueError, match=r"fails its trial on two sentence pairs, before any work: cached "
+      r"decoding differs from the teacher-forced pass by up to .* no term may depend on the "
+      r"cache's length or on its slots past the step\)\.$"):
+    variant_trial.check_variant(_config(name))
+
+
+class _SlopeNotAParam(variants.AttentionPosition):
+  """Slopes meant to be learned, written as a plain array (nnx.Param forgotten)."""
+  def __init__(self, num_heads):
+    self.slope = jnp.ones((num_heads,))
+
+  def terms(self, query_positions, key_positions):
+    distance = jnp.abs(_relative_distances(query_positions, key_positions)).astype(jnp.float32)
+    return variants.AttentionTerms(bias=-self.slope[:, None, None] * distance[:, None])
+
+
+def test_a_value_that_is_not_a_parameter_is_named_before_any_work():
+  """It passed the trial, then training stopped with "Non-exhaustive filters, got a non-empty
+  remainder", naming neither the variant nor the value."""
+  class Layers(variants.Variant):
+    def self_attention(self, num_layers, *, causal, rngs):
+      return [_SlopeNotAParam(self.config.num_heads) for _ in range(num_layers)]
+
+  variants.register("slope_not_a_param")(Layers)
+  with pytest.raises(
+      ValueError, match=r"before any work: decoder/layers/0/self_attention/position/slope is "
+      r"neither an nnx.Param nor random state, so checkpoints and the train step would not hold "
+      r"it: declare a learned value as nnx.Param"):
+    variant_trial.check_variant(_config("slope_not_a_param"))
 
 
 def test_an_error_in_the_variants_code_names_its_line():

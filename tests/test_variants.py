@@ -101,6 +101,16 @@ def test_register_refuses_a_taken_name_or_field(registered):
     variants.register("doc_only")(DocOnly)
 
 
+@pytest.mark.parametrize("name", ["k=3", "my-variant", "a,b", "x/y", ""])
+def test_register_refuses_a_name_that_is_not_a_row_name(name):
+  """"k=3" ran in place of the k sweep's row k=3 under its name; "," splits --rows; "/" and
+  "-" break the runs' folder names."""
+  with pytest.raises(
+      ValueError, match=r"^position variant name .*: use letters, digits and "
+      r"underscores only \(it names a table row and its runs' folders\)\.$"):
+    variants.register(name)(variants.Variant)
+
+
 def test_register_refuses_a_built_in_name_for_a_class_of_another_module(registered):
   """A class named like the built-in one replaced it silently: the row `rope` ran the user's."""
   class Rope(variants.Variant):

@@ -25,6 +25,7 @@ It may also report what its position term learned (`add_statistics`, read by
 `relpos.attention_statistics`).
 """
 import dataclasses
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
@@ -172,9 +173,15 @@ def register(name: str) -> Callable[[V], V]:
   again, a notebook cell run again).
 
   Raises:
-    ValueError: a name taken by another class, a field that is not a `relpos.fields.Field`, or
-      a field another variant declares.
+    ValueError: a name that is not letters, digits and underscores (it becomes a table row in
+      `--rows` and a folder name; "k=3" would pass for a row of the k sweep), a name taken by
+      another class, a field that is not a `relpos.fields.Field`, or a field another variant
+      declares.
   """
+  if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+    raise ValueError(f"position variant name {name!r}: use letters, digits and underscores "
+                     "only (it names a table row and its runs' folders).")
+
   def decorate(cls: V) -> V:
     if not (isinstance(cls, type) and issubclass(cls, Variant)):
       raise ValueError(f"variant {name!r}: {cls!r} is not a relpos.variants.Variant subclass.")
