@@ -226,7 +226,10 @@ def _time_by_run_lines(table_runs: list[dict], table: str) -> list[str]:
       "row", "seed", "wall time", "training", "validation", "final evaluation", "steps/s",
       "machine load"
   ]
-  return [f"## {table}: where each run's time went", "", *markdown.table(header, cell_rows), ""]
+  return [
+      f"## {table}: where each run's time went", "", *markdown.table(header, cell_rows), "",
+      timing.LOAD_COLUMN_NOTE, ""
+  ]
 
 
 def _curve_lines(table_runs: list[dict], table: str) -> list[str]:

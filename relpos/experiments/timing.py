@@ -10,6 +10,8 @@ import collections
 import datetime
 import math
 
+from relpos import metrics_writer
+
 # A run counts as timed alone unless more than this share of its timed train records saw a
 # loaded machine, or had no load recorded.
 LOADED_SHARE_LIMIT = 0.1
@@ -91,6 +93,15 @@ def _machines(run: dict) -> set[tuple[str | None, str]]:
     return known.get(start.get("host"), (None, str(start.get("host"))))
 
   return {machine(s) for s, end in zip(starts, ends) if s["step"] < end}
+
+
+# Under table.md's time table: what `describe_load`'s cells mean.
+LOAD_COLUMN_NOTE = (
+    "Machine load: the median load average over the run's timed steps / the cores it could use; "
+    f"\"loaded N%\": the share of those steps at a load above the cores + "
+    f"{metrics_writer.LOAD_ABOVE_CPUS:g}, shown above {LOADED_SHARE_LIMIT:.0%}; \"recorded for "
+    "N%\": the share whose load was recorded, shown when under "
+    f"{1 - LOADED_SHARE_LIMIT:.0%}; \"–\": not recorded (runs from before 26 November 2026).")
 
 
 def describe_load(run: dict) -> str:
