@@ -19,7 +19,14 @@ def test_plots_are_written(results_path, tmp_path):
 
 def test_bleu_vs_k_titles_and_ticks(results_path, figures):
   plots.plot_results(str(results_path), "out")
-  ax = figures["bleu_vs_k.png"].axes[0]
+  ax, paper_ax = figures["bleu_vs_k.png"].axes
+  # The paper's WMT14 BLEU on its own axis: on this one its 12.5-25.9 read as a match for
+  # test_long's.
+  assert [line.get_label() for line in paper_ax.get_lines()] == ["paper, Table 2 (right axis)"]
+  assert paper_ax.get_ylabel() == "paper BLEU (WMT14 EN-DE, newstest2013)"
+  assert ax.get_ylabel() == "BLEU here (1 seed, no spread)"
+  assert [t.get_text() for t in ax.get_legend().get_texts()
+         ] == ["relpos, test", "relpos, test_long", "paper, Table 2 (right axis)"]
   assert ax.get_title().endswith("synthetic, k_sweep table, 1 seed per row (0)")
   # Every k of the grid, though the runs hold 0-4 only; no minor ticks between them.
   assert list(ax.get_xticks()) == [0, 1, 2, 4, 16, 64, 256]
@@ -34,9 +41,16 @@ def test_bleu_vs_length_has_a_panel_per_row_with_error_bars(results_path, figure
   panels = [ax for ax in fig.axes if ax.get_visible()]
   assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "none", "rel_k", "rel_v"]
   bars = panels[0].containers[0]  # abs: test 50 and 52, test_long 10 and 12
-  np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, 12.0, 10.0])
-  half_widths = [(segment[1][1] - segment[0][1]) / 2 for segment in bars.lines[2][0].get_segments()]
+  # The line breaks between test and test_long (a NaN point): their buckets do not continue.
+  np.testing.assert_allclose(bars.lines[0].get_ydata(), [53.0, 49.0, np.nan, 12.0, 10.0])
+  np.testing.assert_allclose(bars.lines[0].get_xdata(), [0, 1, 1.5, 2, 3])
+  half_widths = [(segment[1][1] - segment[0][1]) / 2
+                 for segment in bars.lines[2][0].get_segments()
+                 if len(segment) == 2]  # (none at the break)
   np.testing.assert_allclose(half_widths, [2**0.5] * 4)
+  assert fig._suptitle.get_text().startswith(  # pylint: disable=protected-access
+      "BLEU by source length (mean, bars ± std over seeds); right of the dotted line: test_long, "
+      "longer than training\n")
   for ax in panels[2:]:  # the lowest panel of each column (none has no panel below it)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["3-6", "7-12", "13-18", "19-24"]
     assert ax.get_xlabel() == "source length (words)"  # no run counts the sentences
@@ -65,6 +79,8 @@ def test_bleu_vs_step_one_line_per_row_with_seed_spread(figures):
   assert ax.get_title().endswith("synthetic, ablation table, 1-3 seeds per row (0, 1, 2)")
   abs_line, rel_line = ax.get_lines()
   assert (abs_line.get_label(), rel_line.get_label()) == ("abs", "rel_kv")
+  assert abs_line.get_marker() == "o"  # 2 points: marked, not read as a curve
+  assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1  # beside the axes
   np.testing.assert_allclose(abs_line.get_xydata(), [[500, 32.0], [1000, 82.0]])
   band = ax.collections[0].get_paths()[0].vertices  # abs: mean ± std (2) at each step
   for step, low, high in ((500, 30.0, 34.0), (1000, 80.0, 84.0)):
@@ -81,17 +97,21 @@ def test_length_plots_show_oracle_beside_beam_search_and_the_ratio(tmp_path, fig
   panels = [ax for ax in fig.axes if ax.get_visible()]
   assert [ax.get_title() for ax in panels] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
   beam, oracle = panels[0].containers  # abs, mean over seeds by bucket
-  np.testing.assert_allclose(beam.lines[0].get_ydata(), [99.0, 95.0, 30.0, 28.0])
-  np.testing.assert_allclose(oracle.lines[0].get_ydata(), [99.0, 95.0, 64.0, 62.0])
+  np.testing.assert_allclose(beam.lines[0].get_ydata(), [99.0, 95.0, np.nan, 30.0, 28.0])
+  np.testing.assert_allclose(oracle.lines[0].get_ydata(), [99.0, 95.0, np.nan, 64.0, 62.0])
+  assert "(1 seed, no spread)" not in fig._suptitle.get_text()  # pylint: disable=protected-access
   ratio = figures["length_ratio.png"].axes[0]
   lines = [c for c in ratio.containers]
   assert [c.get_label() for c in lines] == ["abs", "rel_kv", "shape", "rel_kv_concat"]
-  np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, 0.9, 0.7])
+  np.testing.assert_allclose(lines[0].lines[0].get_ydata(), [1.0, 1.0, np.nan, 0.9, 0.7])
   # Each bucket over its number of sentences (length_statistics: 10 each).
   for ax in (panels[-1], ratio):
     assert [t.get_text() for t in ax.get_xticklabels()
            ] == ["3-6\n10", "7-12\n10", "13-18\n10", "19-24\n10"]
-    assert ax.get_xlabel() == "source length (words) over\nthe number of sentences"
+    # 10 a bucket: each shaded, a mean of too few sentences.
+    assert ax.get_xlabel() == ("source length (words) over\nthe number of sentences (shaded: "
+                               "under 20)")
+    assert len([p for p in ax.patches if p.get_facecolor()[:3] == (0.9, 0.9, 0.9)]) == 4
   test, test_long = figures["token_accuracy.png"].axes
   assert (test.get_title(), test_long.get_title()) == ("test", "test_long")
   abs_line = test_long.get_lines()[0]
@@ -123,6 +143,6 @@ def test_length_plots_leave_the_length_alone_split_off_their_length_axis(tmp_pat
   path.write_text(json.dumps({"schema_version": 5, "runs": runs}))
   plots.plot_results(str(path), "out")
   abs_panel = [ax for ax in figures["length_oracle.png"].axes if ax.get_visible()][0]
-  np.testing.assert_allclose(abs_panel.containers[0].lines[0].get_xdata(), range(4))
+  np.testing.assert_allclose(abs_panel.containers[0].lines[0].get_xdata(), [0, 1, 1.5, 2, 3])
   [boundary] = [line for line in abs_panel.get_lines() if line.get_linestyle() == ":"]
   assert list(boundary.get_xdata()) == [1.5, 1.5]  # between test's 7-12 and test_long's 13-18

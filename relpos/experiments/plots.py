@@ -21,13 +21,29 @@ from relpos.experiments import tables
 from relpos.experiments import significance
 from relpos.experiments import verdicts
 
+# A length bucket with fewer sentences than this is shaded on a plot's length axis: its mean is
+# mostly noise (Multi30K's test has 2 sentences of 28-32 words).
+MIN_SENTENCES_PER_BUCKET = 20
+
+
+def _seeds_per_row(runs: list[dict]) -> tuple[int, int]:
+  """(fewest, most) runs of one (table, row) among `runs`."""
+  per_row = collections.Counter((r["table"], r["row"]) for r in runs).values()
+  return min(per_row), max(per_row)
+
+
+def spread(runs: list[dict], marks: str = "bars") -> str:
+  """What a plot's points and `marks` (bars, band) show: "mean, bars ± std over seeds", or
+  "1 seed, no spread" when no row has more."""
+  return ("1 seed, no spread"
+          if _seeds_per_row(runs)[1] == 1 else f"mean, {marks} ± std over seeds")
+
 
 def describe(runs: list[dict]) -> str:
   """"<task>, <table> table(s), <n> seeds per row (<seeds>)" for a plot's title."""
   tasks = sorted({r["task"] for r in runs})
   tables = list(dict.fromkeys(r["table"] for r in runs))
-  per_row = collections.Counter((r["table"], r["row"]) for r in runs).values()
-  low, high = min(per_row), max(per_row)
+  low, high = _seeds_per_row(runs)
   count = f"{low}" if low == high else f"{low}-{high}"
   seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in runs}))
   return (f"{', '.join(tasks)}, {' + '.join(tables)} table{'s' if len(tables) > 1 else ''}, "
@@ -65,17 +81,23 @@ def plot_bleu_vs_k(runs: list[dict], path: str) -> str | None:
       stats = [significance.mean_std(v) for _, v in points]
       ax.errorbar([k for k, _ in points], [m for m, _ in stats], yerr=[s for _, s in stats],
                   fmt=style, capsize=3, label=f"relpos, {split}")
-  ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:", marker="x",
-          label="paper (WMT14 dev)")
+  # The paper's BLEU on an axis of its own: its direction, not its size, compares.
+  paper_ax = ax.twinx()
+  paper_ax.plot(list(paper.K_SWEEP_FIGURES), list(paper.K_SWEEP_FIGURES.values()), "k:", marker="x",
+                label="paper, Table 2 (right axis)")
+  paper_ax.set_ylabel("paper BLEU (WMT14 EN-DE, newstest2013)", fontsize=8)
   ax.set_xscale("symlog", linthresh=1)
   grid = sorted(set(tables.K_GRID) | set(ks))
   ax.set_xticks(grid)
   ax.set_xticklabels([str(k) for k in grid])
   ax.xaxis.set_minor_locator(ticker.NullLocator())
   ax.set_xlabel("clipping distance k")
-  ax.set_ylabel("BLEU (mean ± std over seeds)")
+  ax.set_ylabel(f"BLEU here ({spread(sweep)})")
   ax.set_title(f"BLEU against k\n{describe(sweep)}", fontsize=9)
-  ax.legend(fontsize=8)
+  handles = ax.get_legend_handles_labels()
+  paper_handles = paper_ax.get_legend_handles_labels()
+  ax.legend(handles[0] + paper_handles[0], handles[1] + paper_handles[1], fontsize=8,
+            loc="lower right")
   return save(fig, path)
 
 
@@ -140,10 +162,10 @@ def plot_bleu_vs_length(runs: list[dict], path: str) -> str | None:
     ax.set_title(row if len(curves[row][0]) else f"{row} (no per-length scores)", fontsize=9)
     _bucket_axis(ax, buckets, ablation_runs)
   _label_panels(axes, _bucket_axis_label(buckets, ablation_runs), "BLEU")
-  longer = " (right of the dotted line: longer than training)" if "test_long" in held_out else ""
+  longer = f"; {_longer_note(ablation_runs)}" if "test_long" in held_out else ""
   others = "; other rows in grey" if len(rows) > 1 else ""
   fig.suptitle(
-      f"BLEU by source length, mean ± std over seeds{longer}\n"
+      f"BLEU by source length ({spread(ablation_runs)}){longer}\n"
       f"{describe(ablation_runs)}{others}", fontsize=9)
   return save(fig, path)
 
@@ -157,7 +179,7 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
   curved = [r for r in runs if r.get("validation_curve")]
   if not curved:
     return None
-  fig, ax = plt.subplots(figsize=(7, 4.2))
+  fig, ax = plt.subplots(figsize=(8, 4.2))
   rows = list(dict.fromkeys((r["table"], r["row"]) for r in curved))
   for index, (table, row) in enumerate(rows):
     by_step = collections.defaultdict(list)
@@ -169,26 +191,32 @@ def plot_bleu_vs_step(runs: list[dict], path: str) -> str | None:
     means, stds = (
         np.array(column) for column in zip(*(significance.mean_std(by_step[s]) for s in steps)))
     color = f"C{index % 10}"
-    ax.plot(steps, means, marker=".", color=color, label=row)
+    ax.plot(steps, means, marker="o" if len(steps) <= 3 else ".", color=color, label=row)
     ax.fill_between(steps, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
   ax.set_xlabel("training step")
   ax.set_ylabel("validation BLEU")
   ax.set_title(
-      f"Validation BLEU during training (mean, band ± std over seeds)\n"
+      f"Validation BLEU during training ({spread(curved, 'band')})\n"
       f"{describe(curved)}", fontsize=9)
-  ax.legend(fontsize=7, ncol=2)
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over a line
   return save(fig, path)
 
 
 def _bucket_points(runs: list[dict], buckets: list[tuple[str, str]],
                    value) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(x, means, stds) over seeds of value(run, split, bucket) (None: missing) per bucket."""
+  """(x, means, stds) over seeds of value(run, split, bucket) (None: missing) per bucket, with a
+  NaN point between two splits, where a line breaks (test_long's first bucket is not test's
+  next)."""
   points = []
   for x, (split, bucket) in enumerate(buckets):
+    if x and split != buckets[x - 1][0]:
+      points.append((x - 0.5, np.nan, np.nan))
     values = [v for v in (value(r, split, bucket) for r in runs) if v is not None]
     if values:
       points.append((x, *significance.mean_std(values)))
-  return tuple(np.array(column) for column in zip(*points)) if points else ((), (), ())
+  if all(np.isnan(mean) for _, mean, _ in points):  # no value at all: nothing to draw
+    return ((), (), ())
+  return tuple(np.array(column) for column in zip(*points))
 
 
 def _length_ratio(run: dict, split: str, bucket: str) -> float | None:
@@ -205,23 +233,42 @@ def _length_runs(runs: list[dict]) -> tuple[list[dict], list[tuple[str, str]], l
 
 
 def _bucket_axis(ax, buckets: list[tuple[str, str]], runs: list[dict]) -> None:
-  """Bucket labels on the x axis, each above its number of sentences where `runs` count them
-  (a mean over a few sentences is noise: Multi30K's test has 2 of 28-32 words), and a dotted
-  line where the longer-than-training split begins."""
+  """Bucket labels on the x axis, each above its number of sentences where `runs` count them,
+  the buckets of fewer than MIN_SENTENCES_PER_BUCKET shaded (a mean over a few sentences is
+  noise), and a dotted line where the longer-than-training split begins."""
   if any(s == "test_long" for s, _ in buckets):
     ax.axvline(sum(1 for s, _ in buckets if s != "test_long") - 0.5, color="grey", linestyle=":")
   labels = []
-  for split, bucket in buckets:
+  for x, (split, bucket) in enumerate(buckets):
     count = report_length.sentences_at_length(runs, split, bucket)
     labels.append(report_length.bucket_label(bucket) + ("" if count is None else f"\n{count}"))
+    if count is not None and count < MIN_SENTENCES_PER_BUCKET:
+      ax.axvspan(x - 0.5, x + 0.5, color="0.9", zorder=0, linewidth=0)
   ax.set_xticks(range(len(buckets)))
   ax.set_xticklabels(labels, fontsize=7)
 
 
 def _bucket_axis_label(buckets: list[tuple[str, str]], runs: list[dict]) -> str:
   """The x axis's label under `_bucket_axis`'s ticks."""
-  counted = any(report_length.sentences_at_length(runs, s, b) is not None for s, b in buckets)
-  return "source length (words)" + (" over\nthe number of sentences" if counted else "")
+  counts = [report_length.sentences_at_length(runs, s, b) for s, b in buckets]
+  sparse = any(c is not None and c < MIN_SENTENCES_PER_BUCKET for c in counts)
+  return "source length (words)" + (" over\nthe number of sentences" if any(
+      c is not None
+      for c in counts) else "") + (f" (shaded: under {MIN_SENTENCES_PER_BUCKET})" if sparse else "")
+
+
+def _longer_note(runs: list[dict]) -> str:
+  """ "right of the dotted line: test_long, longer than training", and where a run records
+  test_long's subsets (the synthetic task), how many of its sentences hold a construction
+  never seen in training."""
+  note = "right of the dotted line: test_long, longer than training"
+  for run in runs:
+    subsets = run["scores"].get("test_long", {}).get("bleu_by_subset")
+    if subsets and "seen constructions" in subsets:
+      total = sum(s["num_sentences"] for s in subsets.values())
+      unseen = total - subsets["seen constructions"]["num_sentences"]
+      return f"{note} ({unseen} of {total} with constructions unseen in training)"
+  return note
 
 
 def plot_length_oracle(runs: list[dict], path: str) -> str | None:
@@ -247,8 +294,7 @@ def plot_length_oracle(runs: list[dict], path: str) -> str | None:
   _label_panels(axes, _bucket_axis_label(buckets, table), "BLEU")
   fig.suptitle(
       "BLEU by source length, and with eos forced at the reference's length (oracle "
-      "length)\nright of the dotted line: longer than training; "
-      f"{describe(table)}", fontsize=9)
+      f"length), {spread(table)}\n{_longer_note(table)}; {describe(table)}", fontsize=9)
   return save(fig, path)
 
 
@@ -273,8 +319,8 @@ def plot_length_ratio(runs: list[dict], path: str) -> str | None:
   ax.set_xlabel(_bucket_axis_label(buckets, table))
   ax.set_ylabel("hypothesis / reference length")
   ax.set_title(
-      "Hypothesis / reference length in target tokens (below 1: too short)\n"
-      f"right of the dotted line: longer than training; {describe(table)}", fontsize=9)
+      f"Hypothesis / reference length in target tokens (below 1: too short), {spread(table)}"
+      f"\n{_longer_note(table)}\n{describe(table)}", fontsize=9)
   ax.legend(fontsize=7, ncol=3)
   return save(fig, path)
 
