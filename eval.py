@@ -27,9 +27,13 @@ _INPUT = flags.DEFINE_string("input", None, "UTF-8 file of source sentences, one
 _REFERENCE = flags.DEFINE_string("reference", None, "References for --input, one a line.")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", None, "Overrides decode.beam_size of the run.")
 _ALPHA = flags.DEFINE_float("alpha", None, "Overrides decode.alpha of the run.")
+_MAX_DECODE_LEN = flags.DEFINE_integer(
+    "max_decode_len", None, "Overrides decode.max_decode_len of the run: the most target "
+    "tokens a translation may have (0: 2 x the batch's padded source length + 10, at most "
+    "model.max_len).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Default: <workdir>/eval.")
 _MULTIHOST = cli.define_multihost_flag()
-flags.adopt_module_key_flags(cli)  # --help lists --config, --import, --multihost
+flags.adopt_module_key_flags(cli)  # --help lists --import and --multihost
 
 
 def main(argv: list[str]) -> None:
@@ -37,7 +41,8 @@ def main(argv: list[str]) -> None:
       argv, lambda: evaluate.evaluate_checkpoint(
           _WORKDIR.value, checkpoint=_CHECKPOINT.value, split=_SPLIT.value, input_file=_INPUT.value,
           reference_file=_REFERENCE.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
-          output_dir=_OUTPUT_DIR.value), multihost=_MULTIHOST.value)
+          max_decode_len=_MAX_DECODE_LEN.value, output_dir=_OUTPUT_DIR.value),
+      multihost=_MULTIHOST.value)
   print(json.dumps(result, indent=2))
 
 

@@ -186,7 +186,8 @@ def read_sentences(path: str, what: str = "source") -> list[str]:
 
   Raises:
     FileNotFoundError: no such file.
-    ValueError: the file is not UTF-8 (naming the byte offset) or empty.
+    ValueError: the file is not UTF-8 (naming the byte offset), is empty, or holds a carriage
+      return that does not end a line (naming the line).
   """
   with open(path, "rb") as f:
     data = f.read()
@@ -198,6 +199,10 @@ def read_sentences(path: str, what: str = "source") -> list[str]:
   lines = text.removeprefix("\ufeff").replace("\r\n", "\n").split("\n")
   if lines[-1] == "":
     lines.pop()
+  for number, line in enumerate(lines, 1):
+    if "\r" in line:  # old Mac line ends: a whole file would read as one sentence
+      raise ValueError(f"{path} line {number} holds a carriage return (\\r) inside it: one "
+                       f"{what} sentence a line, ended by \\n or \\r\\n.")
   if not lines:
     raise ValueError(f"{what} file {path} is empty: one {what} sentence a line is needed.")
   return lines
@@ -328,6 +333,7 @@ def _file_sentences(input_file: str,
 def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split: str | None = None,
                         input_file: str | None = None, reference_file: str | None = None,
                         beam_size: int | None = None, alpha: float | None = None,
+                        max_decode_len: int | None = None,
                         output_dir: str | None = None) -> dict[str, Any]:
   """Restores a checkpoint, translates a split or a file, writes and returns the scores.
 
@@ -340,6 +346,9 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
     reference_file: references for input_file, one a line (scores need them).
     beam_size: overrides decode.beam_size of the run.
     alpha: overrides decode.alpha of the run.
+    max_decode_len: overrides decode.max_decode_len of the run (the most target tokens a
+      translation may have; 0: 2 x the batch's padded source length + 10, at most
+      model.max_len).
     output_dir: where `<name>.txt` (translations) and `<name>.json` (results) go, <name> from
       `evaluation_files.output_name` (split or input file, checkpoint choice, step, beam,
       alpha); default `workdir/eval`. Outputs of another evaluation under that name are kept:
@@ -360,7 +369,9 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
       the user's own that fails a trial (`variant_trial.check_variant`).
   """
   config = run_config.load(workdir)
-  decoding = {"decode.beam_size": beam_size, "decode.alpha": alpha}
+  decoding = {
+      "decode.beam_size": beam_size, "decode.alpha": alpha, "decode.max_decode_len": max_decode_len
+  }
   config = run_config.replace(config, {k: v for k, v in decoding.items() if v is not None})
   if (split is None) == (input_file is None):
     raise ValueError(f"give exactly one of split (--split) and input_file (--input); got "
@@ -372,6 +383,8 @@ def evaluate_checkpoint(workdir: str, *, checkpoint: str | int = "latest", split
           run_config.CHECKPOINT_CHOICE.fullmatch(str(checkpoint))):
     raise ValueError(f"checkpoint={checkpoint!r}: must be 'latest', 'best', a step number or "
                      f"'average:<N>' with N >= 2.")
+  if str(checkpoint).isdigit():  # "00012" is step 12: one evaluation, one name
+    checkpoint = int(checkpoint)
   # Before the data is prepared; then against the splits the prepared data holds.
   pipeline.check_split(split, config.task.name, pipeline.split_names(config.task))
   task = pipeline.get_task(config.task)

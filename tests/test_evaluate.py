@@ -2,6 +2,7 @@
 rejects bad input with errors that name it."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,13 @@ def test_sentences_of_a_file_saved_with_a_bom_and_crlf_line_ends(tmp_path):
   path = tmp_path / "refs.txt"
   path.write_bytes("\ufeffdas ist ein Haus\r\nein Hund\r\n".encode("utf-8"))
   assert evaluate.read_sentences(str(path)) == ["das ist ein Haus", "ein Hund"]
+  # Old Mac line ends (a lone \r): the file read as one sentence, cut at the decode budget.
+  path.write_bytes(b"das ist ein Haus\rein Hund\r")
+  with pytest.raises(
+      ValueError, match=re.escape(
+          f"{path} line 1 holds a carriage return (\\r) inside it: one reference sentence a line, "
+          "ended by \\n or \\r\\n.")):
+    evaluate.read_sentences(str(path), "reference")
 
 
 def test_source_batches_keep_every_sentence_whole():
@@ -430,6 +438,12 @@ def test_another_evaluation_never_replaces_an_output(run, tmp_path, caplog):
   assert other["input_file"] == str(theirs / "test") and split["split"] == "test"
   latest = evaluate_test(split="test", checkpoint="latest")
   assert latest["translations_file"] == os.path.join(out, "test.latest.step400.beam1.alpha0.6.txt")
+  # "0300" is step 300: the same evaluation, not a second one beside it.
+  assert evaluate_test(split="test", checkpoint="0300") == split
+  # eval.py's decode budget: another evaluation, with its budget on record.
+  short = evaluate_test(split="test", max_decode_len=3)
+  assert short["max_decode_len"] == 3
+  assert short["translations_file"] == os.path.join(out, "test.step300.beam1.alpha0.6.2.txt")
 
 
 def test_a_split_stored_out_of_file_order_gets_its_sources_beside(run, tmp_path, monkeypatch,
