@@ -10,7 +10,10 @@ Beam search follows tensor2tensor / flax examples/wmt: it keeps the `beam_size` 
 hypotheses and the `beam_size` best finished ones, scores a finished hypothesis of L tokens
 (eos included) by log_prob / ((5 + L) / 6) ** alpha (GNMT length penalty), and stops as soon as
 no live hypothesis can beat the worst finished one. A hypothesis that reaches max_decode_len
-without eos is finished there with L = max_decode_len.
+without eos is cut there and ranks below every hypothesis that ended with eos, as in those
+implementations: it never paid for its eos, so a repetition loop cut at the budget would
+otherwise beat a complete translation (until 28 November 2026 it was scored as finished, with
+L = max_decode_len). Cut hypotheses fill only the slots that finished ones leave.
 
 Neither search emits id 0, the padding, which no training target holds and which a decoded
 sentence would drop without trace; nor, given `output_vocab_size` (the tokenizer's size, which
@@ -74,6 +77,9 @@ class _BeamState(NamedTuple):
   alive_log_probs: jax.Array  # float32 [b, k]; -inf marks an empty slot.
   finished_sequences: jax.Array  # int32 [b, k, L], best first.
   finished_scores: jax.Array  # float32 [b, k]; -inf marks an empty slot.
+  # The best hypotheses cut at L without eos (set at the last step), as finished ones.
+  cut_sequences: jax.Array  # int32 [b, k, L], best first.
+  cut_scores: jax.Array  # float32 [b, k]; -inf marks an empty slot.
   cache: Any  # leaves [b * k, ...], aligned with alive_sequences.
 
 
@@ -134,10 +140,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
       max_len[b] tokens; min_len = max_len fixes the length (oracle-length decoding).
 
   Returns:
-    sequences: int32 [batch, beam_size, L], eos-terminated (unless L was reached) and padded
-      with 0, best first.
-    scores: float32 [batch, beam_size], log_prob / length_penalty, descending; -inf (with an
-      all-zero sequence) where fewer than beam_size hypotheses exist.
+    sequences: int32 [batch, beam_size, L], padded with 0: those that ended with eos, best
+      first, then where fewer than beam_size did, those cut at L without eos, best first.
+    scores: float32 [batch, beam_size], log_prob / length_penalty, in that order; -inf (with
+      an all-zero sequence) where fewer than beam_size hypotheses exist.
 
   Raises:
     ValueError: on beam_size, batch_size or max_decode_len < 1, alpha < 0, eos_id = PAD_ID
@@ -155,7 +161,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
   # Only beam 0 is live at the start, so the first step expands one hypothesis per input.
   state = _BeamState(step=jnp.array(0, jnp.int32), alive_sequences=sequences,
                      alive_log_probs=no_scores.at[:, 0].set(0.0), finished_sequences=sequences,
-                     finished_scores=no_scores, cache=cache)
+                     finished_scores=no_scores, cut_sequences=sequences, cut_scores=no_scores,
+                     cache=cache)
   best_possible_penalty = length_penalty(max_decode_len, alpha)
   # Bounds per hypothesis row [batch * beam_size] (row r is input r // beam_size).
   tile = lambda bound: None if bound is None else jnp.repeat(jnp.asarray(bound, jnp.int32),
@@ -183,22 +190,36 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Any, *, batch_size: int
     top_log_probs, top_index = jax.lax.top_k(candidates, 2 * beam_size)
     top_beam, top_token = top_index // vocab_size, top_index % vocab_size
     top_sequences = _gather_beams(state.alive_sequences, top_beam).at[:, :, step].set(top_token)
-    ends = (top_token == eos_id) | (step == max_decode_len - 1)
+    ends_with_eos, last = top_token == eos_id, step == max_decode_len - 1
+    scores = top_log_probs / length_penalty(step + 1, alpha)  # [b, 2k] if each ended here
 
-    alive_log_probs, alive_pick = jax.lax.top_k(jnp.where(ends, -jnp.inf, top_log_probs), beam_size)
-    new_scores = jnp.where(ends, top_log_probs / length_penalty(step + 1, alpha), -jnp.inf)
+    alive_log_probs, alive_pick = jax.lax.top_k(
+        jnp.where(ends_with_eos | last, -jnp.inf, top_log_probs), beam_size)
     finished_scores, finished_pick = jax.lax.top_k(
-        jnp.concatenate([state.finished_scores, new_scores], axis=1), beam_size)
+        jnp.concatenate([state.finished_scores,
+                         jnp.where(ends_with_eos, scores, -jnp.inf)], axis=1), beam_size)
     finished_sequences = _gather_beams(
         jnp.concatenate([state.finished_sequences, top_sequences], axis=1), finished_pick)
+    # Cut at L: only the last step has any (no step follows it to replace them).
+    cut_scores, cut_pick = jax.lax.top_k(jnp.where(last & ~ends_with_eos, scores, -jnp.inf),
+                                         beam_size)
     return _BeamState(step=step + 1, alive_sequences=_gather_beams(top_sequences, alive_pick),
                       alive_log_probs=alive_log_probs, finished_sequences=finished_sequences,
                       finished_scores=finished_scores,
+                      cut_sequences=_gather_beams(top_sequences, cut_pick), cut_scores=cut_scores,
                       cache=_gather_cache(cache, _gather_beams(top_beam, alive_pick)))
 
   state = jax.lax.while_loop(not_done, expand, state)
-  valid = state.finished_scores > -jnp.inf
-  return jnp.where(valid[..., None], state.finished_sequences, 0), state.finished_scores
+  # Slot j of input b: its j-th finished hypothesis, or past its n finished ones, cut one j - n.
+  num_finished = jnp.sum(state.finished_scores > -jnp.inf, axis=1, keepdims=True)  # [b, 1]
+  slot = jnp.arange(beam_size)[None, :]  # [1, k]
+  from_cut = slot >= num_finished  # [b, k]
+  cut_index = jnp.clip(slot - num_finished, 0, beam_size - 1)  # [b, k]
+  sequences = jnp.where(from_cut[..., None], _gather_beams(state.cut_sequences, cut_index),
+                        state.finished_sequences)  # [b, k, L]
+  scores = jnp.where(from_cut, jnp.take_along_axis(state.cut_scores, cut_index, axis=1),
+                     state.finished_scores)  # [b, k]
+  return jnp.where((scores > -jnp.inf)[..., None], sequences, 0), scores
 
 
 class _GreedyState(NamedTuple):

@@ -75,7 +75,8 @@ def sequence_log_prob(table: np.ndarray, sequence: np.ndarray, *, by_prefix: boo
 
 
 def exhaustive_search(table: np.ndarray, alpha: float) -> list[tuple[float, list[int]]]:
-  """Every finished sequence of a prefix table [L, codes, V] with its score, best first."""
+  """Every finished sequence of a prefix table [L, codes, V] with its score: those that end
+  with eos best first, then those cut at L without it, best first."""
   length = table.shape[0]
   results = []
   for tokens in itertools.product(range(VOCAB), repeat=length):
@@ -85,7 +86,7 @@ def exhaustive_search(table: np.ndarray, alpha: float) -> list[tuple[float, list
     sequence = list(tokens[:end]) + [0] * (length - end)
     score = sequence_log_prob(table, tokens[:end], by_prefix=True) / penalty(end, alpha)
     results.append((score, sequence))
-  return sorted(results, key=lambda r: -r[0])
+  return sorted(results, key=lambda r: (EOS not in r[1], -r[0]))
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
@@ -111,12 +112,40 @@ def test_narrow_beam_scores_are_penalized_log_probs():
   assert sequences.shape == (batch, beam, length) and sequences.dtype == jnp.int32
   assert scores.shape == (batch, beam) and scores.dtype == jnp.float32
   for b in range(batch):
-    assert scores[b, 0] >= scores[b, 1]
+    ended = [EOS in sequence for sequence in np.asarray(sequences[b])]
+    assert ended == sorted(ended, reverse=True)  # those with eos first
+    if ended[0] == ended[1]:
+      assert scores[b, 0] >= scores[b, 1]
     for sequence, score in zip(np.asarray(sequences[b]), np.asarray(scores[b])):
       end = list(sequence).index(EOS) + 1 if EOS in sequence else length
       assert not sequence[end:].any()
       expected = sequence_log_prob(table[b], sequence[:end], by_prefix=True) / penalty(end, alpha)
       np.testing.assert_allclose(score, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha, beam", [(0.0, 2), (0.6, 4), (1.0, 4)])
+def test_a_hypothesis_cut_at_the_budget_never_beats_one_that_ended(alpha, beam):
+  """Step 0: token 2 or 3, even odds. After 2, eos is likely (0.6); after 3, 3 again (0.99),
+  a loop that reaches the budget without eos. Scored as finished at the budget, the loop
+  (log 0.5 + 19 log 0.99 = -0.88, never paying for an eos) beat "2 eos" (log 0.5 + log 0.6 =
+  -1.20)."""
+  length = 20
+  table = np.full((1, length, VOCAB, VOCAB), -30.0)
+  table[0, 0, 0, [2, 3]] = 0.0
+  table[0, 1:, 2, EOS], table[0, 1:, 2, 2] = np.log(0.6), np.log(0.4)
+  table[0, 1:, 3, 3], table[0, 1:, 3, EOS] = np.log(0.99), np.log(0.01)
+  tokens_to_logits, init_cache = previous_token_decoder(table)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=1,
+                                         beam_size=beam, alpha=alpha, max_decode_len=length)
+  assert list(np.asarray(sequences)[0, 0, :3]) == [2, EOS, 0]
+  np.testing.assert_allclose(scores[0, 0], np.log(0.5 * 0.6) / penalty(2, alpha), rtol=1e-4)
+  # With no eos allowed at all, the cut hypotheses are what there is.
+  no_eos = table.copy()
+  no_eos[0, :, :, EOS] = -np.inf
+  tokens_to_logits, init_cache = previous_token_decoder(no_eos)
+  sequences, scores = decode.beam_search(tokens_to_logits, init_cache(beam), batch_size=1,
+                                         beam_size=beam, alpha=alpha, max_decode_len=length)
+  assert list(np.asarray(sequences)[0, 0]) == [2] * length and scores[0, 0] > -np.inf
 
 
 def early_stop_table(later_other_logit: float, length: int = 10) -> np.ndarray:
