@@ -20,7 +20,7 @@ workdir itself) are imported first.
 """
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -225,12 +225,19 @@ def check_source_lengths(path: str, sources: Sequence[str],
 AVERAGE_PREFIX = "average:"
 
 
-def average_parameters(models: Sequence[nnx.Module]) -> nnx.Module:
+def average_parameters(models: Iterable[nnx.Module]) -> nnx.Module:
   """The last of `models` with every parameter replaced by its mean over `models` (checkpoint
-  averaging, as in Vaswani et al. 2017, fairseq and OpenNMT)."""
-  params = [nnx.state(model, nnx.Param) for model in models]
-  nnx.update(models[-1], jax.tree.map(lambda *values: sum(values) / len(values), *params))
-  return models[-1]
+  averaging, as in Vaswani et al. 2017, fairseq and OpenNMT). Summed one model at a time, in
+  order: given a generator, two models' parameters are held at once, not N."""
+  total, count, last = None, 0, None
+  for last in models:
+    params = nnx.state(last, nnx.Param)
+    total = params if total is None else jax.tree.map(lambda a, b: a + b, total, params)
+    count += 1
+  if last is None:
+    raise ValueError("average_parameters needs at least one model.")
+  nnx.update(last, jax.tree.map(lambda value: value / count, total))
+  return last
 
 
 def _average_count(checkpoint: str | int) -> int | None:
@@ -297,7 +304,7 @@ def restore_model(workdir: str, config: run_config.RunConfig, checkpoint: str | 
           for s in averaged_steps(workdir, manager.all_steps(), config.train, average)
       ]
       logging.info("Averaging the parameters of steps %s.", steps)
-      return average_parameters([restore_step(s) for s in steps]), steps[-1]
+      return average_parameters(restore_step(s) for s in steps), steps[-1]
     if checkpoint != "latest":
       step = checkpoints.agreed(checkpoints.resolve_step(manager, checkpoint))
       return restore_step(step), step

@@ -384,6 +384,24 @@ def test_average_of_the_last_checkpoints(run, tmp_path):
     evaluate.restore_model(workdir, validated, "average:1", mesh)
 
 
+def test_averaging_sums_one_model_at_a_time_as_the_mean_of_all():
+  """average:N held N models on the device at once; a generator now gives them one by one, and
+  the mean is the same to the bit (summed in the same order)."""
+  model_config = run_config.validate(tiny.get_config()).model
+  params = [nnx.state(model_lib.build_model(model_config, seed), nnx.Param) for seed in range(3)]
+  held = []
+
+  def one_at_a_time():
+    for seed in range(3):
+      held.append(seed)
+      yield model_lib.build_model(model_config, seed)
+
+  averaged = evaluate.average_parameters(one_at_a_time())
+  want = jax.tree.map(lambda *values: sum(values) / len(values), *params)
+  jax.tree.map(np.testing.assert_array_equal, nnx.state(averaged, nnx.Param), want)
+  assert held == [0, 1, 2]
+
+
 def test_average_is_of_the_last_checkpoints_on_schedule_or_refused():
   """The best checkpoint is kept beside the newest ones: an old best is not averaged in the
   place of a step that was not kept."""
