@@ -83,6 +83,13 @@ def read_result(path: str) -> dict[str, Any]:
   return result
 
 
+def run_folders(output_dir: str) -> list[str]:
+  """The run folders under `output_dir/runs` by name, not those moved aside (REPLACED_MARK)."""
+  runs_dir = os.path.join(output_dir, RUNS_DIR)
+  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+  return [os.path.join(runs_dir, name) for name in names if REPLACED_MARK not in name]
+
+
 def collect(output_dir: str) -> list[dict[str, Any]]:
   """Every finished run under `output_dir/runs` (not those moved aside), in table and row
   order; a result.json that cannot be read is left out with a warning naming it (the table
@@ -94,9 +101,8 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
   """
   runs_dir = os.path.join(output_dir, RUNS_DIR)
   runs = []
-  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
-  for name in [n for n in names if REPLACED_MARK not in n]:
-    path = os.path.join(runs_dir, name, RESULT_FILE)
+  for workdir in run_folders(output_dir):
+    path = os.path.join(workdir, RESULT_FILE)
     if os.path.exists(path):
       try:
         runs.append(read_result(path))
@@ -123,10 +129,8 @@ def collect(output_dir: str) -> list[dict[str, Any]]:
 def collect_failed(output_dir: str) -> list[dict[str, Any]]:
   """[{"run": its folder's name, **its failure (`failed_runs`)}] of each run under
   `output_dir/runs` (not those moved aside) that failed and has not finished since, by name."""
-  runs_dir = os.path.join(output_dir, RUNS_DIR)
-  names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
   failed = []
-  for workdir in (os.path.join(runs_dir, n) for n in names if REPLACED_MARK not in n):
+  for workdir in run_folders(output_dir):
     failure = failed_runs.read(workdir)
     if failure is not None and not os.path.exists(os.path.join(workdir, RESULT_FILE)):
       failed.append({"run": os.path.basename(workdir), **failure})
